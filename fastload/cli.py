@@ -1,0 +1,61 @@
+"""The ``fastload`` command: ``fastload --version``, ``fastload demo`` and the subcommands that
+later modules register. Built only on the public API; user errors exit with code 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import fastload
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="train a tiny model on a generated dataset, with fastload and with torch's DataLoader",
+    )
+    p.add_argument("--samples", type=int, default=20_000, help="dataset size (default 20000)")
+    p.add_argument("--steps", type=int, default=300, help="training steps per loader (default 300)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2, help="num_workers of both loaders")
+    p.add_argument("--dir", default=None, help="where to write the dataset (default: a temp dir)")
+
+    def run(args: argparse.Namespace) -> int:
+        from fastload._demo import run_demo
+
+        return run_demo(
+            samples=args.samples,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            directory=args.dir,
+        )
+
+    p.set_defaults(func=run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastload", description=fastload.__doc__)
+    parser.add_argument("--version", action="version", version=f"fastload {fastload.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_demo(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("fastload: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
