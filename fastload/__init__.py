@@ -6,10 +6,12 @@ Everything public is re-exported here; every other module is private.
 from __future__ import annotations
 
 from fastload import errors
+from fastload._loader import DataLoader
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DataLoader",
     "__version__",
     "errors",
 ]

@@ -1,0 +1,228 @@
+"""The engine: wires the pure bookkeeping (``_schedule``) to the worker processes (``_pool``).
+
+Batches are tasks with sequence numbers; results come back in any order and leave in order
+through the reorder buffer. A worker that dies has its unfinished tasks re-dispatched to a fresh
+worker, so each batch is delivered exactly once, in order; a batch that keeps killing workers
+ends the epoch with :class:`~fastload.errors.WorkerCrashedError` instead of respawning forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastload._engine._pool import WorkerDied, WorkerPool
+from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+from fastload._engine._worker import EXHAUSTED, FAILED, OK, Resume, WorkerFailure, WorkerSpec
+from fastload.errors import LoaderTimeoutError, WorkerCrashedError
+
+DONE = -1  # get(): nothing left in flight
+MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
+_WAIT_S = 1.0  # longest single wait; every wait re-checks worker liveness through sentinels
+
+
+def _identity(payload: Any) -> Any:
+    return payload
+
+
+def _ignore(payload: Any) -> None:
+    return None
+
+
+def describe_indices(index: Any, limit: int = 16) -> str:
+    """A short rendering of a batch's sample indices for error messages."""
+    try:
+        items = list(index)
+    except TypeError:
+        return repr(index)
+    shown = ", ".join(str(int(i)) if hasattr(i, "__index__") else repr(i) for i in items[:limit])
+    more = f", ... ({len(items)} in all)" if len(items) > limit else ""
+    return f"[{shown}{more}]"
+
+
+class _KeyErrorMessage(str):
+    """KeyError's ``str()`` is the ``repr()`` of its argument; this keeps a multi-line message
+    readable, as torch does."""
+
+    def __repr__(self) -> str:
+        return self
+
+
+def rebuild_exception(failure: WorkerFailure, seq: int) -> BaseException:
+    """The worker's exception, of its original type when that type takes a message, with a
+    message naming the worker, the batch and the sample indices, and the worker's traceback."""
+    name = failure.exc_type.__name__
+    msg = (
+        f"Caught {name} in DataLoader worker process {failure.worker_id} (pid {failure.pid}) "
+        f"while building batch {seq} from sample indices {describe_indices(failure.index)}.\n"
+        f"Original {failure.traceback}"
+    )
+    if failure.exc_type is KeyError:
+        return KeyError(_KeyErrorMessage(msg))
+    try:
+        return failure.exc_type(msg)
+    except Exception:
+        return RuntimeError(msg)
+
+
+class Engine:
+    """Runs batch tasks on a pool of worker processes.
+
+    ``put(index)`` dispatches one task (torch's worker choice); ``get(refill)`` blocks until the
+    next batch may be delivered. ``decode`` turns a worker's payload into the batch handed out; ``release`` frees
+    a payload that will never be handed out (a stale epoch's, or at close).
+    """
+
+    def __init__(
+        self,
+        *,
+        ctx: Any,
+        num_workers: int,
+        max_tasks: int,
+        in_order: bool,
+        timeout_s: float,
+        restartable: bool,
+        make_spec: Callable[[int, int], WorkerSpec],
+        decode: Callable[[Any], Any] = _identity,
+        release: Callable[[Any], None] = _ignore,
+    ) -> None:
+        self.epoch = 0
+        self.respawns = 0
+        self._timeout_s = timeout_s
+        self._restartable = restartable
+        self._decode = decode
+        self._release = release
+        self._dispatch = Dispatcher(
+            num_workers, max_tasks=max_tasks, in_order=in_order, max_deaths=MAX_DEATHS
+        )
+        self._reorder: ReorderBuffer[tuple[int, Any]] = ReorderBuffer(in_order=in_order)
+        self._next_seq = 0
+        self._idle_deaths = [0] * num_workers  # deaths since the worker last delivered
+        self._closed = False
+        self._pool = WorkerPool(ctx, num_workers, lambda wid: make_spec(wid, self.epoch))
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return self._pool.pids
+
+    @property
+    def in_flight(self) -> int:
+        return self._dispatch.in_flight
+
+    @property
+    def pending(self) -> int:
+        return self._reorder.pending
+
+    def new_epoch(self) -> None:
+        """Start over with the same workers (``persistent_workers``): results of the old epoch
+        still in flight are recognised by their epoch tag and released."""
+        for _, payload in self._reorder.drain():
+            self._release(payload)
+        self.epoch += 1
+        self._dispatch.reactivate_all()
+        self._reorder = ReorderBuffer(in_order=self._reorder.in_order)
+        self._next_seq = 0
+        for wid in range(self._dispatch.num_workers):
+            self._pool.send(wid, Resume(self.epoch))
+
+    def put(self, index: Any) -> bool:
+        """Dispatch one task; ``False`` when no worker is active to take it."""
+        wid = self._dispatch.pick_worker()
+        if wid is None:
+            return False
+        self._send(wid, Task(self._next_seq, index))
+        self._next_seq += 1
+        return True
+
+    def _send(self, wid: int, task: Task) -> None:
+        self._dispatch.assign(wid, task)
+        self._pool.send(wid, (self.epoch, task.seq, task.index))
+
+    def get(self, refill: Callable[[], None]) -> tuple[int, Any]:
+        """The next result in order: ``(OK, batch)``, ``(FAILED, exception)`` for a batch whose
+        building raised (the caller raises it, after refilling as torch does), or ``(DONE,
+        None)`` once nothing is in flight. ``refill`` is called when a worker's iterable dataset
+        ends (torch then dispatches another task)."""
+        started = time.monotonic()
+        while True:
+            found, item = self._reorder.pop()
+            if found:
+                assert item is not None
+                kind, payload = item
+                if kind == FAILED:
+                    return FAILED, rebuild_exception(payload[1], payload[0])
+                return OK, self._decode(payload)
+            if self._dispatch.in_flight == 0:
+                return DONE, None
+            wait_s = _WAIT_S
+            if self._timeout_s > 0:
+                left = self._timeout_s - (time.monotonic() - started)
+                if left <= 0:
+                    raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout_s} seconds")
+                wait_s = min(wait_s, left)
+            for wid, msg in self._pool.wait(wait_s):
+                if isinstance(msg, WorkerDied):
+                    self._on_death(wid, msg)
+                else:
+                    self._on_result(wid, msg, refill)
+                    started = time.monotonic()
+
+    def _on_result(self, wid: int, msg: tuple[int, int, int, Any], refill: Callable[[], None]) -> None:
+        epoch, seq, kind, payload = msg
+        if epoch != self.epoch or not self._dispatch.holds(seq):
+            if kind == OK:
+                self._release(payload)
+            return
+        self._dispatch.complete(seq)
+        self._idle_deaths[wid] = 0
+        if kind == EXHAUSTED:
+            self._reorder.skip(seq)
+            for dropped in self._dispatch.deactivate(wid):
+                self._reorder.skip(dropped)
+            refill()
+        elif kind == FAILED:
+            self._reorder.push(seq, (FAILED, (seq, payload)))
+        else:
+            self._reorder.push(seq, (OK, payload))
+
+    def _on_death(self, wid: int, died: WorkerDied) -> None:
+        if not self._dispatch.is_active(wid):
+            return  # its dataset was exhausted; nothing is lost
+        if not self._restartable:
+            raise WorkerCrashedError(
+                f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}); "
+                "an iterable dataset's position cannot be recovered, so the epoch stops here"
+            )
+        try:
+            lost = self._dispatch.lose_worker(wid)
+        except RetryBudgetExceeded as exc:
+            task = exc.task
+            raise WorkerCrashedError(
+                f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}) "
+                f"while building batch {task.seq} from sample indices "
+                f"{describe_indices(task.index)}; {task.deaths} workers died on this batch, "
+                "so it is not retried again. Check those samples (a segfault in a decoder, "
+                "running out of memory)."
+            ) from None
+        self._idle_deaths[wid] += 1
+        if not lost and self._idle_deaths[wid] >= MAX_DEATHS:
+            raise WorkerCrashedError(
+                f"DataLoader worker {wid} died {MAX_DEATHS} times without building a batch "
+                f"(last: {died.describe()}); check worker_init_fn and the dataset's set-up"
+            )
+        self.respawns += 1
+        self._pool.respawn(wid)
+        for task in lost:
+            self._send(wid, task)
+
+    def close(self) -> None:
+        """Stop the workers and release undelivered payloads; see NOTE [shutdown order] in
+        ``_pool.py``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown()
+        for kind, payload in self._reorder.drain():
+            if kind == OK:
+                self._release(payload)

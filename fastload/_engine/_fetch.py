@@ -1,0 +1,68 @@
+"""Turning a sampler's index into a batch, exactly as torch's DataLoader does, in a worker or in
+the main process (``num_workers=0``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import IterableDataset
+
+
+class MapFetcher:
+    """Map-style dataset: ``__getitems__`` for a whole batch when the dataset has one, else one
+    ``dataset[i]`` per index; ``collate_fn`` on the result. Without auto-collation (``batch_size
+    =None``) the index is a single key."""
+
+    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]) -> None:
+        self.dataset = dataset
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        getitems = getattr(dataset, "__getitems__", None)
+        self._getitems = getitems if getitems else None
+
+    def fetch(self, index: Any) -> Any:
+        if not self.auto_collation:
+            return self.collate_fn(self.dataset[index])
+        if self._getitems is not None:
+            return self.collate_fn(self._getitems(index))
+        return self.collate_fn([self.dataset[i] for i in index])
+
+
+class IterableFetcher:
+    """Iterable dataset: each fetch takes as many items as the index has entries (or one item
+    without auto-collation). Raises ``StopIteration`` once the iterator is exhausted, and for a
+    short last batch when ``drop_last`` is set."""
+
+    def __init__(
+        self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], drop_last: bool
+    ) -> None:
+        self.auto_collation = auto_collation
+        self.collate_fn = collate_fn
+        self.drop_last = drop_last
+        self._it: Iterator[Any] = iter(dataset)
+        self._ended = False
+
+    def fetch(self, index: Any) -> Any:
+        if self._ended:
+            raise StopIteration
+        if not self.auto_collation:
+            return self.collate_fn(next(self._it))
+        items = []
+        for _ in index:
+            try:
+                items.append(next(self._it))
+            except StopIteration:
+                self._ended = True
+                break
+        if not items or (self.drop_last and len(items) < len(index)):
+            raise StopIteration
+        return self.collate_fn(items)
+
+
+def make_fetcher(
+    dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], drop_last: bool
+) -> MapFetcher | IterableFetcher:
+    if isinstance(dataset, IterableDataset):
+        return IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
+    return MapFetcher(dataset, auto_collation, collate_fn)

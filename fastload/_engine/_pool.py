@@ -1,0 +1,172 @@
+"""The worker processes and their channels: one task queue and one result pipe per worker.
+
+NOTE [shutdown order] — written once here; ``WorkerPool.shutdown``, ``Engine.close`` and the
+loader's iterator point to it.
+  1. Every live worker is sent ``None`` (stop after the current task).
+  2. The main process closes its read ends of the result pipes, so a worker blocked sending a
+     large result gets ``BrokenPipeError`` and exits instead of waiting for a reader.
+  3. All workers are joined against one shared deadline (``join_s``), never one per worker;
+     stragglers (a worker stuck in user code) get SIGTERM, then SIGKILL.
+  4. Task queues are closed without joining their feeder threads (a dead reader must not block
+     our exit).
+  5. Only then does the engine release shared memory (the batch slots): no worker can still
+     write into it.
+``shutdown`` is idempotent, and workers also exit by themselves when the main process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from fastload._engine._worker import WorkerSpec, worker_main
+from fastload._engine._transport import loads
+
+_F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
+_PIPE_BYTES = 1 << 20
+
+
+class WorkerDied:
+    """What :meth:`WorkerPool.wait` reports for a worker that exited without being told to."""
+
+    def __init__(self, pid: int | None, exitcode: int | None) -> None:
+        self.pid = pid
+        self.exitcode = exitcode
+
+    def describe(self) -> str:
+        code = self.exitcode
+        if code is not None and code < 0:
+            return f"pid {self.pid} killed by signal {-code}"
+        return f"pid {self.pid} exited with code {code}"
+
+
+class WorkerPool:
+    """Starts ``num_workers`` processes from ``make_spec(worker_id)`` (all in parallel) and moves
+    messages: :meth:`send` to one worker, :meth:`wait` for results and deaths of all."""
+
+    def __init__(self, ctx: Any, num_workers: int, make_spec: Callable[[int], WorkerSpec]) -> None:
+        self._ctx = ctx
+        self._make_spec = make_spec
+        self._procs: list[Any] = [None] * num_workers
+        self._tasks: list[Any] = [None] * num_workers
+        self._results: list[Connection | None] = [None] * num_workers
+        self._closed = False
+        for wid in range(num_workers):
+            self._start(wid)
+
+    def _start(self, wid: int) -> None:
+        tasks = self._ctx.Queue()
+        reader, writer = self._ctx.Pipe(duplex=False)
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(writer.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+        proc = self._ctx.Process(
+            target=worker_main,
+            args=(self._make_spec(wid), tasks, writer),
+            name=f"fastload-worker-{wid}",
+            daemon=True,
+        )
+        proc.start()
+        writer.close()  # the worker holds the only write end: its death closes the pipe
+        self._procs[wid], self._tasks[wid], self._results[wid] = proc, tasks, reader
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs if p is not None]
+
+    def send(self, wid: int, msg: Any) -> None:
+        self._tasks[wid].put(msg)
+
+    def wait(self, timeout_s: float) -> list[tuple[int, Any]]:
+        """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
+        pairs in arrival order per worker; a worker that died is reported once, as a
+        :class:`WorkerDied`, after every result it managed to send."""
+        conns = {c: wid for wid, c in enumerate(self._results) if c is not None}
+        sentinels = {p.sentinel: wid for wid, p in enumerate(self._procs) if p is not None}
+        ready = wait([*conns, *sentinels], timeout_s)
+        events: list[tuple[int, Any]] = []
+        dead: list[int] = []
+        for obj in ready:
+            if obj in conns:
+                wid = conns[obj]
+                events.extend((wid, m) for m in self._drain(wid))
+            else:
+                dead.append(sentinels[obj])
+        for wid in dead:
+            events.extend((wid, m) for m in self._drain(wid))
+            proc = self._procs[wid]
+            proc.join(0)
+            events.append((wid, WorkerDied(proc.pid, proc.exitcode)))
+            self._discard(wid)
+        return events
+
+    def _drain(self, wid: int) -> list[Any]:
+        """Every complete message waiting on ``wid``'s pipe now. For a dead worker that is all it
+        sent: what it wrote before dying is already in the pipe."""
+        conn = self._results[wid]
+        out: list[Any] = []
+        if conn is None:
+            return out
+        try:
+            while conn.poll(0):
+                out.append(loads(conn.recv_bytes()))
+        except (EOFError, OSError):
+            pass  # end of a dead worker's pipe, or a message cut off by its death
+        return out
+
+    def _discard(self, wid: int) -> None:
+        conn, tasks = self._results[wid], self._tasks[wid]
+        if conn is not None:
+            conn.close()
+        if tasks is not None:
+            tasks.cancel_join_thread()
+            tasks.close()
+        self._procs[wid] = self._tasks[wid] = self._results[wid] = None
+
+    def respawn(self, wid: int) -> None:
+        """Replace dead worker ``wid`` by a fresh process with the same worker id (and so the same
+        seed and ``worker_init_fn`` call)."""
+        if self._procs[wid] is not None:
+            raise RuntimeError(f"worker {wid} is still alive; it cannot be respawned")
+        self._start(wid)
+
+    def alive(self, wid: int) -> bool:
+        return self._procs[wid] is not None
+
+    def shutdown(self, join_s: float = 2.0) -> None:
+        """Stop every worker; see NOTE [shutdown order]. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        live = [(wid, p) for wid, p in enumerate(self._procs) if p is not None]
+        for wid, _ in live:  # 1
+            with contextlib.suppress(Exception):
+                self._tasks[wid].put(None)
+        for conn in self._results:  # 2
+            if conn is not None:
+                conn.close()
+        deadline = time.monotonic() + join_s  # 3
+        for _, proc in live:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for signal_name in ("terminate", "kill"):
+            stragglers = [p for _, p in live if p.is_alive()]
+            if not stragglers:
+                break
+            for proc in stragglers:
+                with contextlib.suppress(OSError):
+                    getattr(proc, signal_name)()
+            for proc in stragglers:
+                proc.join(1.0)
+        for wid, proc in live:  # 4
+            tasks = self._tasks[wid]
+            tasks.cancel_join_thread()
+            tasks.close()
+            with contextlib.suppress(ValueError):
+                proc.close()
+        self._procs = [None] * len(self._procs)
+        self._tasks = [None] * len(self._tasks)
+        self._results = [None] * len(self._results)
+

@@ -1,0 +1,191 @@
+"""Pure bookkeeping of the engine: which worker gets the next task, what is in flight, what a
+dead worker leaves behind, and in which order results are handed out.
+
+Nothing here touches a process, a queue or a clock, so every rule is tested without processes.
+The dispatch rule reproduces torch's DataLoader exactly (a round-robin cycle over the active
+workers; with ``in_order=False``, a worker is skipped while it holds its fair share of tasks),
+because which worker builds which batch decides the per-worker random state, and so the content
+of randomly augmented batches.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Task:
+    """One batch to build: its sequence number, the sampler's index (a list of indices, one index,
+    or ``None`` for an iterable dataset) and how often a worker died while holding it."""
+
+    seq: int
+    index: Any
+    deaths: int = 0
+
+
+@dataclass
+class _WorkerBook:
+    active: bool = True
+    tasks: deque[Task] = field(default_factory=deque)  # FIFO: a worker builds in arrival order
+
+
+class RetryBudgetExceeded(Exception):
+    """A task was held by ``max_deaths`` workers that all died; the caller raises a typed error."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+class Dispatcher:
+    """Tracks tasks between dispatch and the arrival of their result.
+
+    Invariant: ``in_flight`` equals the number of tasks sent to a worker whose result has not
+    arrived and that were not dropped, and each task is held by exactly one worker.
+    """
+
+    def __init__(self, num_workers: int, *, max_tasks: int, in_order: bool, max_deaths: int) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 for a Dispatcher, got {num_workers}")
+        self.num_workers = num_workers
+        self.max_tasks = max_tasks
+        self.in_order = in_order
+        self.max_deaths = max_deaths
+        self._books = [_WorkerBook() for _ in range(num_workers)]
+        self._cursor = 0  # the round-robin cycle's position, as torch's itertools.cycle
+        self._holder: dict[int, int] = {}  # seq -> worker id
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def pick_worker(self) -> int | None:
+        """The worker that gets the next task, advancing the cycle as torch does; ``None`` when no
+        worker is active (or, out of order, every active worker holds its share)."""
+        active = sum(book.active for book in self._books)
+        for _ in range(self.num_workers):
+            wid = self._cursor
+            self._cursor = (self._cursor + 1) % self.num_workers
+            book = self._books[wid]
+            if not book.active:
+                continue
+            if self.in_order or len(book.tasks) < self.max_tasks // active:
+                return wid
+        return None
+
+    def assign(self, worker_id: int, task: Task) -> None:
+        self._books[worker_id].tasks.append(task)
+        self._holder[task.seq] = worker_id
+
+    # -- arrivals -------------------------------------------------------------------------------
+    def complete(self, seq: int) -> int:
+        """A result for ``seq`` arrived; returns the worker that held it."""
+        wid = self._holder.pop(seq)
+        tasks = self._books[wid].tasks
+        if tasks and tasks[0].seq == seq:
+            tasks.popleft()
+        else:  # results arrive in FIFO order per worker; tolerate anything else
+            tasks.remove(next(t for t in tasks if t.seq == seq))
+        return wid
+
+    def holds(self, seq: int) -> bool:
+        return seq in self._holder
+
+    def deactivate(self, worker_id: int) -> list[int]:
+        """The worker's iterable dataset is exhausted: it gets no more tasks, and the tasks it
+        still holds produce nothing. Returns their sequence numbers, to be skipped."""
+        book = self._books[worker_id]
+        book.active = False
+        dropped = [t.seq for t in book.tasks]
+        for seq in dropped:
+            del self._holder[seq]
+        book.tasks.clear()
+        return dropped
+
+    def reactivate_all(self) -> None:
+        """A new epoch: every worker is active again and the cycle restarts at worker 0."""
+        for book in self._books:
+            book.active = True
+            book.tasks.clear()
+        self._holder.clear()
+        self._cursor = 0
+
+    def lose_worker(self, worker_id: int) -> list[Task]:
+        """The worker died. Its tasks come back, oldest first, for re-dispatch. The oldest one was
+        being built when it died, so only that one is blamed; when it has now been held by
+        ``max_deaths`` dead workers, :class:`RetryBudgetExceeded` is raised for it."""
+        book = self._books[worker_id]
+        lost = list(book.tasks)
+        book.tasks.clear()
+        for task in lost:
+            del self._holder[task.seq]
+        if lost:
+            lost[0].deaths += 1
+            if lost[0].deaths >= self.max_deaths:
+                raise RetryBudgetExceeded(lost[0])
+        return lost
+
+    def tasks_of(self, worker_id: int) -> list[Task]:
+        return list(self._books[worker_id].tasks)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._holder)
+
+    def is_active(self, worker_id: int) -> bool:
+        return self._books[worker_id].active
+
+
+class ReorderBuffer(Generic[T]):
+    """Hands out results by sequence number.
+
+    In order, the item for ``next_seq`` is released only once it arrived; sequence numbers that
+    will never produce an item are marked with :meth:`skip`. Out of order, items leave in arrival
+    order. ``pending`` counts items held back.
+    """
+
+    def __init__(self, *, in_order: bool) -> None:
+        self.in_order = in_order
+        self.next_seq = 0
+        self._held: dict[int, T] = {}
+        self._skipped: set[int] = set()
+        self._arrivals: deque[int] = deque()
+
+    def push(self, seq: int, item: T) -> None:
+        if seq < self.next_seq or seq in self._held:
+            raise ValueError(f"sequence number {seq} was already delivered or is held")
+        self._held[seq] = item
+        self._arrivals.append(seq)
+
+    def skip(self, seq: int) -> None:
+        self._skipped.add(seq)
+
+    def pop(self) -> tuple[bool, T | None]:
+        """``(True, item)`` when an item may be handed out now, else ``(False, None)``."""
+        if not self.in_order:
+            while self._arrivals:
+                seq = self._arrivals.popleft()
+                if seq in self._held:
+                    return True, self._held.pop(seq)
+            return False, None
+        while self.next_seq in self._skipped:
+            self._skipped.discard(self.next_seq)
+            self.next_seq += 1
+        if self.next_seq in self._held:
+            item = self._held.pop(self.next_seq)
+            self.next_seq += 1
+            return True, item
+        return False, None
+
+    def drain(self) -> list[T]:
+        """Remove and return every held item (to release their resources at shutdown)."""
+        items = list(self._held.values())
+        self._held.clear()
+        self._arrivals.clear()
+        self._skipped.clear()
+        return items
+
+    @property
+    def pending(self) -> int:
+        return len(self._held)

@@ -1,0 +1,51 @@
+"""How a generic-path batch crosses from a worker to the main process.
+
+Results are pickled with multiprocessing's ``ForkingPickler``, for which ``torch.multiprocessing``
+registers reducers that move a tensor's storage into shared memory and pass only a file
+descriptor. We add the same for numpy arrays: a large numeric array travels as a shared-memory
+tensor and comes back as a numpy view of it, so no payload is copied through the pipe as bytes.
+Small arrays (under ``INLINE_BYTES``) are cheaper to pickle inline than to share.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import numpy as np
+import torch
+import torch.multiprocessing  # noqa: F401  (registers the tensor reducers with ForkingPickler)
+
+INLINE_BYTES = 16 * 1024
+
+
+def _rebuild_ndarray(tensor: torch.Tensor, dtype: np.dtype) -> np.ndarray:
+    return tensor.numpy().view(dtype)
+
+
+def _reduce_ndarray(arr: np.ndarray) -> Any:
+    if arr.nbytes >= INLINE_BYTES and arr.dtype.isnative and arr.dtype.kind in "biufc":
+        try:
+            tensor = torch.from_numpy(np.array(arr, order="C", copy=not arr.flags.writeable))
+        except TypeError:  # a dtype torch has no tensor type for
+            pass
+        else:
+            return _rebuild_ndarray, (tensor, arr.dtype)
+    return arr.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+class _ResultPickler(ForkingPickler):
+    _extra_reducers = {**ForkingPickler._extra_reducers, np.ndarray: _reduce_ndarray}
+    _copyreg_dispatch_table = copyreg.dispatch_table
+
+
+def dumps(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _ResultPickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getbuffer().tobytes()
+
+
+loads = pickle.loads

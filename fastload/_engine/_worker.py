@@ -1,0 +1,187 @@
+"""The worker process: receive tasks, build batches, send back results.
+
+A worker never decides anything: it builds what it is told, in the order it is told, and sends
+``(epoch, seq, kind, payload)`` back on its own pipe. It exits when told (``None``), when its
+parent dies (checked between tasks, at least every ``_POLL_S``), or when the pipe breaks.
+See the shutdown NOTE in ``_pool.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import random
+import signal
+import traceback
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data._utils import worker as torch_worker
+
+from fastload._engine._fetch import IterableFetcher, make_fetcher
+from fastload._engine._transport import dumps
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from multiprocessing.connection import Connection
+
+# Result kinds, the third element of every result message.
+OK = 0  # payload: the batch (or the fast path's slot descriptor)
+FAILED = 1  # payload: a WorkerFailure
+EXHAUSTED = 2  # payload: None; this worker's iterable dataset has no more items
+
+_POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Start epoch ``epoch``: re-create the fetcher (an iterable dataset starts over)."""
+
+    epoch: int
+
+
+@dataclass
+class WorkerFailure:
+    """An exception raised while building one batch, carried to the main process."""
+
+    exc_type: type[BaseException]
+    message: str
+    traceback: str
+    worker_id: int
+    pid: int
+    index: Any
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs, pickled once when it starts (the dataset included: fastload's
+    readers pickle as paths and options)."""
+
+    dataset: Any
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    base_seed: int
+    worker_init_fn: Callable[[int], None] | None
+    worker_id: int
+    num_workers: int
+    main_pid: int
+    epoch: int
+    builder: Any = None  # the fast path's batch builder; None for the generic path
+
+
+def _seed(spec: WorkerSpec) -> int:
+    """torch's rule: every RNG of worker ``i`` starts from ``base_seed + i`` (numpy's from a hash
+    of both, as torch computes it)."""
+    seed = spec.base_seed + spec.worker_id
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np.random.seed(torch_worker._generate_state(spec.base_seed, spec.worker_id))
+    return seed
+
+
+def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
+    if os.getppid() != ppid:
+        return False
+    try:
+        os.kill(spec.main_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_main(spec: WorkerSpec, tasks: Any, results: Connection) -> None:
+    """Entry point of a worker process (a module-level function, so spawn can import it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
+    ppid = os.getppid()
+    torch.set_num_threads(1)
+    seed = _seed(spec)
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=spec.worker_id, num_workers=spec.num_workers, seed=seed, dataset=spec.dataset
+    )
+    init_failure: WorkerFailure | None = None
+    fetcher: Any = None
+    try:
+        if spec.worker_init_fn is not None:
+            spec.worker_init_fn(spec.worker_id)
+        fetcher = _new_fetcher(spec)
+    except Exception as exc:
+        init_failure = _failure(exc, spec, index=None)
+
+    epoch = spec.epoch
+    exhausted = False
+    try:
+        while True:
+            try:
+                msg = tasks.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not _parent_alive(spec, ppid):
+                    return
+                continue
+            if msg is None:
+                return
+            if isinstance(msg, Resume):
+                epoch, exhausted = msg.epoch, False
+                if init_failure is None:
+                    fetcher = _new_fetcher(spec)
+                continue
+            task_epoch, seq, index = msg
+            if exhausted:
+                continue  # the main process dropped this worker's tasks when it was told
+            if init_failure is not None:
+                reply: tuple[int, int, int, Any] = (task_epoch, seq, FAILED, init_failure)
+                init_failure = None
+            else:
+                reply = _build(spec, fetcher, task_epoch, seq, index)
+                exhausted = reply[2] == EXHAUSTED
+            try:
+                data = dumps(reply)
+            except Exception as exc:  # an unpicklable batch fails that batch, not the worker
+                data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index)))
+            del reply
+            results.send_bytes(data)
+            del data
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return  # the main process is gone or closed our pipe
+    finally:
+        results.close()
+
+
+def _new_fetcher(spec: WorkerSpec) -> Any:
+    if spec.builder is not None:
+        return spec.builder
+    return make_fetcher(spec.dataset, spec.auto_collation, spec.collate_fn, spec.drop_last)
+
+
+def _build(spec: WorkerSpec, fetcher: Any, epoch: int, seq: int, index: Any) -> tuple[int, int, int, Any]:
+    try:
+        if spec.builder is not None:
+            return epoch, seq, OK, fetcher.build(seq, index)
+        return epoch, seq, OK, fetcher.fetch(index)
+    except StopIteration:
+        if isinstance(fetcher, IterableFetcher):
+            return epoch, seq, EXHAUSTED, None
+        return epoch, seq, FAILED, _failure(RuntimeError("StopIteration raised"), spec, index)
+    except Exception as exc:
+        return epoch, seq, FAILED, _failure(exc, spec, index)
+
+
+def _failure(exc: BaseException, spec: WorkerSpec, index: Any) -> WorkerFailure:
+    exc_type: type[BaseException] = type(exc)
+    try:
+        pickle.loads(pickle.dumps(exc_type))
+    except Exception:  # a class defined in a function, say: re-raised as RuntimeError
+        exc_type = RuntimeError
+    return WorkerFailure(
+        exc_type=exc_type,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(exc)),
+        worker_id=spec.worker_id,
+        pid=os.getpid(),
+        index=index,
+    )
