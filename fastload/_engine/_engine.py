@@ -195,7 +195,7 @@ class Engine:
                 "an iterable dataset's position cannot be recovered, so the epoch stops here"
             )
         try:
-            lost = self._dispatch.lose_worker(wid)
+            lost = self._dispatch.lose_worker(wid, died.culprit)
         except RetryBudgetExceeded as exc:
             task = exc.task
             raise WorkerCrashedError(

@@ -33,9 +33,10 @@ _PIPE_BYTES = 1 << 20
 class WorkerDied:
     """What :meth:`WorkerPool.wait` reports for a worker that exited without being told to."""
 
-    def __init__(self, pid: int | None, exitcode: int | None) -> None:
+    def __init__(self, pid: int | None, exitcode: int | None, culprit: int | None) -> None:
         self.pid = pid
         self.exitcode = exitcode
+        self.culprit = culprit  # sequence number of the task it was building, if any
 
     def describe(self) -> str:
         code = self.exitcode
@@ -55,6 +56,9 @@ class WorkerPool:
         self._tasks: list[Any] = [None] * num_workers
         self._results: list[Connection | None] = [None] * num_workers
         self._closed = False
+        # progress[w] is the task worker w is building (-1 between tasks): written by the worker
+        # in shared memory, read when it dies, so only the batch it died on is blamed.
+        self._progress = ctx.RawArray("q", [-1] * num_workers)
         for wid in range(num_workers):
             self._start(wid)
 
@@ -65,10 +69,11 @@ class WorkerPool:
             fcntl.fcntl(writer.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self._make_spec(wid), tasks, writer),
+            args=(self._make_spec(wid), tasks, writer, self._progress),
             name=f"fastload-worker-{wid}",
             daemon=True,
         )
+        self._progress[wid] = -1
         proc.start()
         writer.close()  # the worker holds the only write end: its death closes the pipe
         self._procs[wid], self._tasks[wid], self._results[wid] = proc, tasks, reader
@@ -99,7 +104,8 @@ class WorkerPool:
             events.extend((wid, m) for m in self._drain(wid))
             proc = self._procs[wid]
             proc.join(0)
-            events.append((wid, WorkerDied(proc.pid, proc.exitcode)))
+            culprit = self._progress[wid]
+            events.append((wid, WorkerDied(proc.pid, proc.exitcode, None if culprit < 0 else culprit)))
             self._discard(wid)
         return events
 

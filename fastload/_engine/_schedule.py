@@ -111,19 +111,21 @@ class Dispatcher:
         self._holder.clear()
         self._cursor = 0
 
-    def lose_worker(self, worker_id: int) -> list[Task]:
-        """The worker died. Its tasks come back, oldest first, for re-dispatch. The oldest one was
-        being built when it died, so only that one is blamed; when it has now been held by
-        ``max_deaths`` dead workers, :class:`RetryBudgetExceeded` is raised for it."""
+    def lose_worker(self, worker_id: int, culprit: int | None) -> list[Task]:
+        """The worker died while building task ``culprit`` (a sequence number, or ``None`` when it
+        died between tasks). Its tasks come back, oldest first, for re-dispatch; only the culprit
+        is blamed, and when it has now been held by ``max_deaths`` dead workers,
+        :class:`RetryBudgetExceeded` is raised for it."""
         book = self._books[worker_id]
         lost = list(book.tasks)
         book.tasks.clear()
         for task in lost:
             del self._holder[task.seq]
-        if lost:
-            lost[0].deaths += 1
-            if lost[0].deaths >= self.max_deaths:
-                raise RetryBudgetExceeded(lost[0])
+        for task in lost:
+            if task.seq == culprit:
+                task.deaths += 1
+                if task.deaths >= self.max_deaths:
+                    raise RetryBudgetExceeded(task)
         return lost
 
     def tasks_of(self, worker_id: int) -> list[Task]:

@@ -95,8 +95,9 @@ def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
     return True
 
 
-def worker_main(spec: WorkerSpec, tasks: Any, results: Connection) -> None:
-    """Entry point of a worker process (a module-level function, so spawn can import it)."""
+def worker_main(spec: WorkerSpec, tasks: Any, results: Connection, progress: Any) -> None:
+    """Entry point of a worker process (a module-level function, so spawn can import it).
+    ``progress[worker_id]`` tells the main process which task this worker is building."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     ppid = os.getppid()
     torch.set_num_threads(1)
@@ -137,6 +138,7 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Connection) -> None:
                 reply: tuple[int, int, int, Any] = (task_epoch, seq, FAILED, init_failure)
                 init_failure = None
             else:
+                progress[spec.worker_id] = seq
                 reply = _build(spec, fetcher, task_epoch, seq, index)
                 exhausted = reply[2] == EXHAUSTED
             try:
@@ -145,6 +147,7 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Connection) -> None:
                 data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index)))
             del reply
             results.send_bytes(data)
+            progress[spec.worker_id] = -1
             del data
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return  # the main process is gone or closed our pipe

@@ -1,0 +1,146 @@
+"""The engine's pure bookkeeping, without processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+
+
+def _dispatcher(num_workers: int = 2, *, max_tasks: int = 4, in_order: bool = True) -> Dispatcher:
+    return Dispatcher(num_workers, max_tasks=max_tasks, in_order=in_order, max_deaths=3)
+
+
+def test_in_order_dispatch_cycles_round_robin_like_torch() -> None:
+    d = _dispatcher(3)
+    picks = []
+    for seq in range(7):
+        wid = d.pick_worker()
+        assert wid is not None
+        d.assign(wid, Task(seq, [seq]))
+        picks.append(wid)
+    assert picks == [0, 1, 2, 0, 1, 2, 0]
+    assert d.in_flight == 7
+
+
+def test_inactive_workers_are_skipped_and_their_tasks_dropped() -> None:
+    d = _dispatcher(2)
+    for seq in range(4):
+        d.assign(d.pick_worker(), Task(seq, None))  # type: ignore[arg-type]
+    assert d.deactivate(0) == [0, 2]
+    assert d.in_flight == 2
+    assert [d.pick_worker() for _ in range(3)] == [1, 1, 1]
+
+
+def test_no_worker_is_picked_when_all_are_exhausted() -> None:
+    d = _dispatcher(2)
+    d.deactivate(0)
+    d.deactivate(1)
+    assert d.pick_worker() is None
+
+
+def test_out_of_order_dispatch_skips_a_worker_holding_its_share() -> None:
+    d = _dispatcher(2, max_tasks=4, in_order=False)
+    d.assign(0, Task(0, None))
+    d.assign(0, Task(1, None))  # worker 0 holds 4 // 2 = 2 tasks: its share
+    assert d.pick_worker() == 1
+    assert d.pick_worker() == 1
+
+
+def test_complete_returns_the_holder_and_frees_the_task() -> None:
+    d = _dispatcher(2)
+    d.assign(1, Task(5, [1, 2]))
+    assert d.holds(5)
+    assert d.complete(5) == 1
+    assert not d.holds(5)
+    assert d.in_flight == 0
+
+
+def test_a_lost_worker_returns_its_tasks_oldest_first_and_blames_only_the_culprit() -> None:
+    d = _dispatcher(2)
+    d.assign(0, Task(0, [0]))
+    d.assign(0, Task(2, [2]))
+    lost = d.lose_worker(0, culprit=2)
+    assert [t.seq for t in lost] == [0, 2]
+    assert [t.deaths for t in lost] == [0, 1]
+    assert d.in_flight == 0
+
+
+def test_a_worker_dying_between_tasks_blames_nobody() -> None:
+    d = _dispatcher(1)
+    d.assign(0, Task(0, [0]))
+    (task,) = d.lose_worker(0, culprit=None)
+    assert task.deaths == 0
+
+
+def test_a_task_that_kills_max_deaths_workers_exceeds_the_budget() -> None:
+    d = _dispatcher(1)
+    task = Task(7, [3, 4])
+    for _ in range(2):
+        d.assign(0, task)
+        (again,) = d.lose_worker(0, culprit=7)
+        assert again is task
+    d.assign(0, task)
+    with pytest.raises(RetryBudgetExceeded) as info:
+        d.lose_worker(0, culprit=7)
+    assert info.value.task.seq == 7
+    assert info.value.task.deaths == 3
+
+
+def test_reactivate_all_restarts_the_cycle_at_worker_zero() -> None:
+    d = _dispatcher(3)
+    d.pick_worker()
+    d.deactivate(0)
+    d.reactivate_all()
+    assert d.pick_worker() == 0
+    assert d.is_active(0)
+
+
+def test_dispatcher_rejects_zero_workers() -> None:
+    with pytest.raises(ValueError, match="num_workers"):
+        Dispatcher(0, max_tasks=2, in_order=True, max_deaths=3)
+
+
+def test_reorder_buffer_releases_strictly_in_sequence() -> None:
+    buf: ReorderBuffer[str] = ReorderBuffer(in_order=True)
+    buf.push(1, "b")
+    buf.push(2, "c")
+    assert buf.pop() == (False, None)
+    buf.push(0, "a")
+    assert [buf.pop() for _ in range(4)] == [(True, "a"), (True, "b"), (True, "c"), (False, None)]
+
+
+def test_reorder_buffer_steps_over_skipped_sequence_numbers() -> None:
+    buf: ReorderBuffer[str] = ReorderBuffer(in_order=True)
+    buf.skip(0)
+    buf.skip(2)
+    buf.push(3, "d")
+    buf.push(1, "b")
+    assert buf.pop() == (True, "b")
+    assert buf.pop() == (True, "d")
+    assert buf.next_seq == 4
+
+
+def test_out_of_order_buffer_releases_in_arrival_order() -> None:
+    buf: ReorderBuffer[str] = ReorderBuffer(in_order=False)
+    buf.push(3, "x")
+    buf.push(0, "y")
+    assert buf.pop() == (True, "x")
+    assert buf.pop() == (True, "y")
+    assert buf.pending == 0
+
+
+def test_reorder_buffer_refuses_a_duplicate_delivery() -> None:
+    buf: ReorderBuffer[str] = ReorderBuffer(in_order=True)
+    buf.push(0, "a")
+    buf.pop()
+    with pytest.raises(ValueError, match="already delivered"):
+        buf.push(0, "again")
+
+
+def test_drain_returns_every_held_item() -> None:
+    buf: ReorderBuffer[int] = ReorderBuffer(in_order=True)
+    buf.push(2, 20)
+    buf.push(5, 50)
+    assert sorted(buf.drain()) == [20, 50]
+    assert buf.pending == 0
