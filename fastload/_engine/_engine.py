@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from fastload._engine._pool import WorkerDied, WorkerPool
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
@@ -22,12 +22,33 @@ MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
 _WAIT_S = 1.0  # longest single wait; every wait re-checks worker liveness through sentinels
 
 
-def _identity(payload: Any) -> Any:
-    return payload
+class Codec(Protocol):
+    """What the engine does with a worker's payload; the fast path supplies one that turns slot
+    descriptors into tensors (see ``_fastpath.py``)."""
+
+    def decode(self, index: Any, payload: Any) -> Any:
+        """The batch handed to the consumer for a task's payload."""
+
+    def retry(self, index: Any, payload: Any) -> Any:
+        """A new index to build the task again with (an oversize batch gets a bigger slot), or
+        ``None`` to deliver ``payload``."""
+
+    def drop(self, index: Any) -> None:
+        """The task will never be delivered (failed, stale or closed): free what it holds. Only
+        called once no worker can still write for it."""
 
 
-def _ignore(payload: Any) -> None:
-    return None
+class GenericCodec:
+    """The generic path: the payload is the batch itself."""
+
+    def decode(self, index: Any, payload: Any) -> Any:
+        return payload
+
+    def retry(self, index: Any, payload: Any) -> Any:
+        return None
+
+    def drop(self, index: Any) -> None:
+        return None
 
 
 def describe_indices(index: Any, limit: int = 16) -> str:
@@ -70,8 +91,7 @@ class Engine:
     """Runs batch tasks on a pool of worker processes.
 
     ``put(index)`` dispatches one task (torch's worker choice); ``get(refill)`` blocks until the
-    next batch may be delivered. ``decode`` turns a worker's payload into the batch handed out; ``release`` frees
-    a payload that will never be handed out (a stale epoch's, or at close).
+    next batch may be delivered; ``codec`` decides what a payload becomes.
     """
 
     def __init__(
@@ -84,19 +104,18 @@ class Engine:
         timeout_s: float,
         restartable: bool,
         make_spec: Callable[[int, int], WorkerSpec],
-        decode: Callable[[Any], Any] = _identity,
-        release: Callable[[Any], None] = _ignore,
+        codec: Codec | None = None,
     ) -> None:
         self.epoch = 0
         self.respawns = 0
         self._timeout_s = timeout_s
         self._restartable = restartable
-        self._decode = decode
-        self._release = release
+        self._codec: Codec = codec or GenericCodec()
+        self._stale: dict[tuple[int, int], tuple[int, Task]] = {}  # (epoch, seq) -> (worker, task)
         self._dispatch = Dispatcher(
             num_workers, max_tasks=max_tasks, in_order=in_order, max_deaths=MAX_DEATHS
         )
-        self._reorder: ReorderBuffer[tuple[int, Any]] = ReorderBuffer(in_order=in_order)
+        self._reorder: ReorderBuffer[tuple[int, Task, Any]] = ReorderBuffer(in_order=in_order)
         self._next_seq = 0
         self._idle_deaths = [0] * num_workers  # deaths since the worker last delivered
         self._closed = False
@@ -115,12 +134,15 @@ class Engine:
         return self._reorder.pending
 
     def new_epoch(self) -> None:
-        """Start over with the same workers (``persistent_workers``): results of the old epoch
-        still in flight are recognised by their epoch tag and released."""
-        for _, payload in self._reorder.drain():
-            self._release(payload)
+        """Start over with the same workers (``persistent_workers``). Tasks of the old epoch still
+        in flight are remembered: their results arrive tagged with the old epoch and are dropped
+        then, once their worker is done writing."""
+        for kind, task, _ in self._reorder.drain():
+            if kind == OK:
+                self._codec.drop(task.index)
+        for wid, task in self._dispatch.reactivate_all():
+            self._stale[(self.epoch, task.seq)] = (wid, task)
         self.epoch += 1
-        self._dispatch.reactivate_all()
         self._reorder = ReorderBuffer(in_order=self._reorder.in_order)
         self._next_seq = 0
         for wid in range(self._dispatch.num_workers):
@@ -149,10 +171,10 @@ class Engine:
             found, item = self._reorder.pop()
             if found:
                 assert item is not None
-                kind, payload = item
+                kind, task, payload = item
                 if kind == FAILED:
-                    return FAILED, rebuild_exception(payload[1], payload[0])
-                return OK, self._decode(payload)
+                    return FAILED, rebuild_exception(payload, task.seq)
+                return OK, self._codec.decode(task.index, payload)
             if self._dispatch.in_flight == 0:
                 return DONE, None
             wait_s = _WAIT_S
@@ -170,23 +192,32 @@ class Engine:
 
     def _on_result(self, wid: int, msg: tuple[int, int, int, Any], refill: Callable[[], None]) -> None:
         epoch, seq, kind, payload = msg
-        if epoch != self.epoch or not self._dispatch.holds(seq):
-            if kind == OK:
-                self._release(payload)
+        if epoch != self.epoch:
+            stale = self._stale.pop((epoch, seq), None)
+            if stale is not None:
+                self._codec.drop(stale[1].index)
             return
-        self._dispatch.complete(seq)
+        task = self._dispatch.complete(seq)
         self._idle_deaths[wid] = 0
         if kind == EXHAUSTED:
             self._reorder.skip(seq)
             for dropped in self._dispatch.deactivate(wid):
-                self._reorder.skip(dropped)
+                self._reorder.skip(dropped.seq)
             refill()
         elif kind == FAILED:
-            self._reorder.push(seq, (FAILED, (seq, payload)))
+            self._codec.drop(task.index)
+            self._reorder.push(seq, (FAILED, task, payload))
         else:
-            self._reorder.push(seq, (OK, payload))
+            again = self._codec.retry(task.index, payload)
+            if again is None:
+                self._reorder.push(seq, (OK, task, payload))
+            else:
+                task.index = again
+                self._send(wid, task)
 
     def _on_death(self, wid: int, died: WorkerDied) -> None:
+        for key in [k for k, (owner, _) in self._stale.items() if owner == wid]:
+            self._codec.drop(self._stale.pop(key)[1].index)
         if not self._dispatch.is_active(wid):
             return  # its dataset was exhausted; nothing is lost
         if not self._restartable:
@@ -217,12 +248,15 @@ class Engine:
             self._send(wid, task)
 
     def close(self) -> None:
-        """Stop the workers and release undelivered payloads; see NOTE [shutdown order] in
+        """Stop the workers, then free what undelivered tasks hold; see NOTE [shutdown order] in
         ``_pool.py``. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._pool.shutdown()
-        for kind, payload in self._reorder.drain():
-            if kind == OK:
-                self._release(payload)
+        leftovers = [task for kind, task, _ in self._reorder.drain() if kind == OK]
+        leftovers += [task for _, task in self._dispatch.reactivate_all()]
+        leftovers += [task for _, task in self._stale.values()]
+        self._stale.clear()
+        for task in leftovers:
+            self._codec.drop(task.index)

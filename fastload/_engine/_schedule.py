@@ -79,37 +79,40 @@ class Dispatcher:
         self._holder[task.seq] = worker_id
 
     # -- arrivals -------------------------------------------------------------------------------
-    def complete(self, seq: int) -> int:
-        """A result for ``seq`` arrived; returns the worker that held it."""
+    def complete(self, seq: int) -> Task:
+        """A result for ``seq`` arrived; returns its task, no longer held by any worker."""
         wid = self._holder.pop(seq)
         tasks = self._books[wid].tasks
         if tasks and tasks[0].seq == seq:
-            tasks.popleft()
-        else:  # results arrive in FIFO order per worker; tolerate anything else
-            tasks.remove(next(t for t in tasks if t.seq == seq))
-        return wid
+            return tasks.popleft()
+        task = next(t for t in tasks if t.seq == seq)  # results arrive FIFO per worker; tolerate
+        tasks.remove(task)
+        return task
 
     def holds(self, seq: int) -> bool:
         return seq in self._holder
 
-    def deactivate(self, worker_id: int) -> list[int]:
+    def deactivate(self, worker_id: int) -> list[Task]:
         """The worker's iterable dataset is exhausted: it gets no more tasks, and the tasks it
-        still holds produce nothing. Returns their sequence numbers, to be skipped."""
+        still holds produce nothing. Returns them, to be skipped."""
         book = self._books[worker_id]
         book.active = False
-        dropped = [t.seq for t in book.tasks]
-        for seq in dropped:
-            del self._holder[seq]
+        dropped = list(book.tasks)
+        for task in dropped:
+            del self._holder[task.seq]
         book.tasks.clear()
         return dropped
 
-    def reactivate_all(self) -> None:
-        """A new epoch: every worker is active again and the cycle restarts at worker 0."""
+    def reactivate_all(self) -> list[tuple[int, Task]]:
+        """A new epoch: every worker is active again and the cycle restarts at worker 0. Returns
+        the tasks still held, as ``(worker_id, task)``: their results will arrive stale."""
+        held = [(wid, t) for wid, book in enumerate(self._books) for t in book.tasks]
         for book in self._books:
             book.active = True
             book.tasks.clear()
         self._holder.clear()
         self._cursor = 0
+        return held
 
     def lose_worker(self, worker_id: int, culprit: int | None) -> list[Task]:
         """The worker died while building task ``culprit`` (a sequence number, or ``None`` when it

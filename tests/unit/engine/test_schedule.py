@@ -27,7 +27,7 @@ def test_inactive_workers_are_skipped_and_their_tasks_dropped() -> None:
     d = _dispatcher(2)
     for seq in range(4):
         d.assign(d.pick_worker(), Task(seq, None))  # type: ignore[arg-type]
-    assert d.deactivate(0) == [0, 2]
+    assert [t.seq for t in d.deactivate(0)] == [0, 2]
     assert d.in_flight == 2
     assert [d.pick_worker() for _ in range(3)] == [1, 1, 1]
 
@@ -49,9 +49,10 @@ def test_out_of_order_dispatch_skips_a_worker_holding_its_share() -> None:
 
 def test_complete_returns_the_holder_and_frees_the_task() -> None:
     d = _dispatcher(2)
-    d.assign(1, Task(5, [1, 2]))
+    task = Task(5, [1, 2])
+    d.assign(1, task)
     assert d.holds(5)
-    assert d.complete(5) == 1
+    assert d.complete(5) is task
     assert not d.holds(5)
     assert d.in_flight == 0
 
@@ -87,11 +88,13 @@ def test_a_task_that_kills_max_deaths_workers_exceeds_the_budget() -> None:
     assert info.value.task.deaths == 3
 
 
-def test_reactivate_all_restarts_the_cycle_at_worker_zero() -> None:
+def test_reactivate_all_restarts_the_cycle_and_hands_back_held_tasks() -> None:
     d = _dispatcher(3)
-    d.pick_worker()
-    d.deactivate(0)
-    d.reactivate_all()
+    d.assign(d.pick_worker(), Task(0, None))  # type: ignore[arg-type]
+    d.deactivate(1)
+    held = d.reactivate_all()
+    assert [(wid, t.seq) for wid, t in held] == [(0, 0)]
+    assert d.in_flight == 0
     assert d.pick_worker() == 0
     assert d.is_active(0)
 

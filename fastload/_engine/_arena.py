@@ -1,0 +1,235 @@
+"""Batch slots in shared memory: created and freed by the main process, written by workers.
+
+A *segment* is an anonymous shared file (``memfd_create``; a file in the temp dir, deleted at
+once, where memfd is missing) mapped by the main process. Workers map the same file by opening
+``/proc/<main pid>/fd/<fd>``, so no name ever exists in ``/dev/shm``: a SIGKILL of any process
+leaks nothing, and Docker's 64 MB ``/dev/shm`` limit does not apply (the memory still counts
+against the container's memory limit, which the preflight checks).
+
+A segment holds ``slots`` slots of ``slot_bytes`` each. A slot is *free*, *reserved* for a task,
+or *exported* to the consumer as tensors viewing it; it becomes free again only when the last
+tensor viewing it is garbage-collected (a ``weakref.finalize`` on the numpy array under all the
+views), so a consumer that keeps a batch can never see it overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+import threading
+import warnings
+import weakref
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastload.errors import SharedMemoryError
+
+ALIGN = 64  # every array in a slot starts on a 64-byte boundary (cache line; any dtype's view)
+_PAGE = mmap.PAGESIZE
+
+
+def align(n: int, to: int = ALIGN) -> int:
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    """Where a task writes its batch: a slot of a segment, as a worker can find it."""
+
+    segment: int  # segment id, unique for the arena's life
+    fd: int  # the segment's descriptor number in the main process
+    size: int  # the segment's size in bytes
+    offset: int  # the slot's byte offset in the segment
+    capacity: int  # the slot's size in bytes
+    temporary: bool = False  # a one-off slot for an oversize batch: unmapped after use
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` from /proc/meminfo, or ``None`` where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _anonymous_file(size: int) -> int:
+    if hasattr(os, "memfd_create"):
+        try:
+            fd = os.memfd_create("fastload-slots", os.MFD_CLOEXEC)
+        except OSError:
+            pass
+        else:
+            os.ftruncate(fd, size)
+            return fd
+    warnings.warn(
+        "memfd_create is unavailable; fastload's batch slots fall back to a deleted file in "
+        f"{tempfile.gettempdir()} (set TMPDIR to a tmpfs for speed)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    fd, path = tempfile.mkstemp(prefix="fastload-slots-")
+    os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd
+
+
+class _Segment:
+    def __init__(self, seg_id: int, size: int) -> None:
+        self.id = seg_id
+        self.size = size
+        self.fd = _anonymous_file(size)
+        try:
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        os.close(self.fd)
+        with contextlib.suppress(BufferError):  # tensors still view it: unmapped when they die
+            self.mm.close()
+
+
+class SlotArena:
+    """The main process's pool of batch slots.
+
+    ``reserve()`` hands out a free slot, growing the arena when none is free, up to
+    ``max_bytes`` in all; ``export(ref, nbytes)`` returns a writable uint8 array over the slot
+    that frees the slot when it is garbage-collected; ``release(ref)`` frees a slot that was
+    never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch.
+    Thread-safe: a finalizer may run on any thread.
+    """
+
+    def __init__(self, *, slot_bytes: int, slots: int, max_bytes: int) -> None:
+        self.slot_bytes = align(slot_bytes, _PAGE)
+        self.max_bytes = max_bytes
+        needed = self.slot_bytes * slots
+        if needed > max_bytes:
+            raise SharedMemoryError(
+                f"batch slots need {needed / 2**20:.1f} MiB ({slots} slots of "
+                f"{self.slot_bytes / 2**20:.2f} MiB, the largest possible batch) but at most "
+                f"{max_bytes / 2**20:.1f} MiB may be used (about a quarter of the available "
+                "memory, or max_shared_bytes). Lower batch_size / max_tokens or prefetch_factor, "
+                "or free memory."
+            )
+        self._lock = threading.Lock()
+        self._segments: dict[int, _Segment] = {}
+        self._free: deque[SlotRef] = deque()
+        self._next_id = 0
+        self._bytes = 0
+        self._closed = False
+        self.exported = 0  # slots currently viewed by consumer tensors
+        self._grow(slots)
+
+    def _new_segment(self, size: int) -> _Segment:
+        seg = _Segment(self._next_id, size)
+        self._next_id += 1
+        self._segments[seg.id] = seg
+        self._bytes += size
+        return seg
+
+    def _grow(self, slots: int) -> None:
+        seg = self._new_segment(self.slot_bytes * slots)
+        for k in range(slots):
+            self._free.append(SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes))
+
+    @property
+    def total_bytes(self) -> int:
+        return self._bytes
+
+    def reserve(self) -> SlotRef:
+        with self._lock:
+            if not self._free:
+                grow = max(1, len(self._segments) and (self._bytes // self.slot_bytes) // 2)
+                if self._bytes + grow * self.slot_bytes > self.max_bytes:
+                    raise SharedMemoryError(
+                        f"all {self._bytes // self.slot_bytes} batch slots "
+                        f"({self._bytes / 2**20:.1f} MiB) are in use, {self.exported} of them by "
+                        "batches the consumer still holds, and growing past "
+                        f"{self.max_bytes / 2**20:.1f} MiB (max_shared_bytes) is not allowed. "
+                        "Keep fewer batches alive, or .clone() the tensors you keep."
+                    )
+                self._grow(grow)
+            return self._free.popleft()
+
+    def temporary(self, nbytes: int) -> SlotRef:
+        """A slot of its own for one batch larger than ``slot_bytes``; its segment is freed with
+        the slot."""
+        size = align(nbytes, _PAGE)
+        with self._lock:
+            seg = self._new_segment(size)
+        return SlotRef(seg.id, seg.fd, seg.size, 0, size, temporary=True)
+
+    def release(self, ref: SlotRef) -> None:
+        with self._lock:
+            if not self._closed:
+                self._release_locked(ref)
+
+    def _release_locked(self, ref: SlotRef) -> None:
+        if ref.temporary:
+            seg = self._segments.pop(ref.segment)
+            self._bytes -= seg.size
+            seg.close()
+        else:
+            self._free.append(ref)
+
+    def export(self, ref: SlotRef, nbytes: int) -> np.ndarray:
+        """A writable uint8 array over the first ``nbytes`` of the slot; the slot is freed when
+        the array (and every view of it, numpy or torch) is garbage-collected."""
+        seg = self._segments[ref.segment]
+        arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=ref.offset)
+        with self._lock:
+            self.exported += 1
+        weakref.finalize(arr, self._on_collected, ref)
+        return arr
+
+    def _on_collected(self, ref: SlotRef) -> None:
+        with self._lock:
+            self.exported -= 1
+            if not self._closed:
+                self._release_locked(ref)
+
+    def close(self) -> None:
+        """Free every segment (call after the workers are gone). Slots still viewed by consumer
+        tensors stay mapped until those tensors die."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for seg in self._segments.values():
+                seg.close()
+            self._segments.clear()
+            self._free.clear()
+
+
+class WorkerSlots:
+    """A worker's view of the main process's segments, mapped on first use and cached."""
+
+    def __init__(self, main_pid: int) -> None:
+        self._main_pid = main_pid
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def view(self, ref: SlotRef) -> memoryview:
+        mm = self._maps.get(ref.segment)
+        if mm is None:
+            fd = os.open(f"/proc/{self._main_pid}/fd/{ref.fd}", os.O_RDWR)
+            try:
+                mm = mmap.mmap(fd, ref.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+            self._maps[ref.segment] = mm
+        return memoryview(mm)[ref.offset : ref.offset + ref.capacity]
+
+    def forget(self, segment: int) -> None:
+        mm = self._maps.pop(segment, None)
+        if mm is not None:
+            with contextlib.suppress(BufferError):
+                mm.close()
