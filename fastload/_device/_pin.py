@@ -3,7 +3,8 @@ path pins its reusable slots once instead)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,3 +36,26 @@ def pin_tree(data: Any) -> Any:
     if hasattr(data, "pin_memory"):
         return data.pin_memory()
     return data
+
+
+def page_lock(address: int, nbytes: int) -> Callable[[], None] | None:
+    """Page-lock ``nbytes`` of host memory at ``address`` (a shared-memory segment) so that
+    copies from it to the GPU run asynchronously. Returns the function that undoes it, or
+    ``None`` when there is no CUDA device or the driver refused (the memory then stays pageable
+    and copies are synchronous, which is still correct)."""
+    if not torch.cuda.is_available():
+        return None
+    cudart = torch.cuda.cudart()
+    if int(cudart.cudaHostRegister(address, nbytes, 0)) != 0:
+        warnings.warn(
+            f"cudaHostRegister refused to page-lock {nbytes / 2**20:.1f} MiB of batch slots "
+            "(ulimit -l?); host-to-device copies will be synchronous",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+
+    def unlock() -> None:
+        cudart.cudaHostUnregister(address)
+
+    return unlock

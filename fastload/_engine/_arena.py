@@ -22,6 +22,7 @@ import threading
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,8 +82,11 @@ def _anonymous_file(size: int) -> int:
     return fd
 
 
+Pinner = Callable[[int, int], "Callable[[], None] | None"]
+
+
 class _Segment:
-    def __init__(self, seg_id: int, size: int) -> None:
+    def __init__(self, seg_id: int, size: int, pin: Pinner | None) -> None:
         self.id = seg_id
         self.size = size
         self.fd = _anonymous_file(size)
@@ -91,8 +95,15 @@ class _Segment:
         except OSError:
             os.close(self.fd)
             raise
+        self._unpin = None
+        if pin is not None:
+            view = np.frombuffer(self.mm, dtype=np.uint8)
+            self._unpin = pin(view.ctypes.data, size)
+            del view
 
     def close(self) -> None:
+        if self._unpin is not None:
+            self._unpin()
         os.close(self.fd)
         with contextlib.suppress(BufferError):  # tensors still view it: unmapped when they die
             self.mm.close()
@@ -108,8 +119,11 @@ class SlotArena:
     Thread-safe: a finalizer may run on any thread.
     """
 
-    def __init__(self, *, slot_bytes: int, slots: int, max_bytes: int) -> None:
+    def __init__(
+        self, *, slot_bytes: int, slots: int, max_bytes: int, pin: Pinner | None = None
+    ) -> None:
         self.slot_bytes = align(slot_bytes, _PAGE)
+        self._pin = pin
         self.max_bytes = max_bytes
         needed = self.slot_bytes * slots
         if needed > max_bytes:
@@ -130,7 +144,7 @@ class SlotArena:
         self._grow(slots)
 
     def _new_segment(self, size: int) -> _Segment:
-        seg = _Segment(self._next_id, size)
+        seg = _Segment(self._next_id, size, self._pin)
         self._next_id += 1
         self._segments[seg.id] = seg
         self._bytes += size

@@ -1,0 +1,98 @@
+"""Copying batches to the GPU ahead of the step that needs them.
+
+:class:`DevicePrefetcher` keeps one batch in flight: while the consumer trains on batch N (on the
+current stream), batch N+1 is copied host-to-device on a side stream with ``non_blocking=True``.
+The host tensors of a batch (views of a shared-memory slot on the fast path) are kept alive until
+an event recorded after their copy has completed, so their slot cannot be reused while the DMA
+engine still reads it. The device tensors are marked with ``record_stream`` for the consumer's
+stream, so the caching allocator does not reuse their memory too early. Without CUDA (or for a
+CPU device) it yields the batches unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+def to_device(data: Any, device: torch.device, stream: Any = None) -> Any:
+    """``data`` with every tensor moved to ``device`` (``non_blocking``), keeping containers."""
+    if isinstance(data, torch.Tensor):
+        out = data.to(device, non_blocking=True)
+        if stream is not None and out.is_cuda:
+            out.record_stream(stream)
+        return out
+    if isinstance(data, Mapping):
+        return type(data)({k: to_device(v, device, stream) for k, v in data.items()})  # type: ignore[call-arg]
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(to_device(v, device, stream) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_device(v, device, stream) for v in data)
+    return data
+
+
+def cuda_device(device: str | torch.device | None) -> torch.device | None:
+    """The CUDA device to prefetch to, or ``None`` when batches stay where they are."""
+    if device is None:
+        return None
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"device={str(device)!r} was requested but CUDA is not available on this machine; "
+            "pass device=None (or 'cpu') to keep batches on the host"
+        )
+    return dev
+
+
+class DevicePrefetcher:
+    """Wraps an iterable of batches (tensors in any nesting of dicts, lists and tuples) and
+    yields them on ``device``, each copied one step ahead on a side stream."""
+
+    def __init__(self, batches: Iterable[Any], device: str | torch.device | None) -> None:
+        self._batches = batches
+        self._device = cuda_device(device)
+
+    def __len__(self) -> int:
+        return len(self._batches)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._device is None:
+            yield from self._batches
+            return
+        yield from self._prefetch(iter(self._batches), self._device)
+
+    @staticmethod
+    def _prefetch(it: Iterator[Any], device: torch.device) -> Iterator[Any]:
+        side = torch.cuda.Stream(device)
+        consumer = torch.cuda.current_stream(device)
+        hosts: deque[tuple[torch.cuda.Event, Any]] = deque()  # host batches whose copy may run
+
+        def start(host: Any) -> tuple[Any, torch.cuda.Event]:
+            with torch.cuda.stream(side):
+                dev = to_device(host, device, consumer)
+                done = torch.cuda.Event()
+                done.record(side)
+            hosts.append((done, host))
+            return dev, done
+
+        try:
+            ready = start(next(it))
+        except StopIteration:
+            return
+        while ready is not None:
+            batch, done = ready
+            try:
+                ready = start(next(it))
+            except StopIteration:
+                ready = None
+            consumer.wait_event(done)
+            while hosts and hosts[0][0].query():
+                hosts.popleft()  # copy finished: the host batch (and its slot) may be freed
+            yield batch
+        side.synchronize()
+        hosts.clear()

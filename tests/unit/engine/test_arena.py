@@ -1,0 +1,105 @@
+"""Batch slots: reuse only after the last view dies, growth up to a bound, no names in /dev/shm."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fastload._engine._arena import SlotArena, WorkerSlots
+from fastload.errors import SharedMemoryError
+
+MiB = 2**20
+
+
+def _arena(slots: int = 2, max_bytes: int = 64 * MiB) -> SlotArena:
+    return SlotArena(slot_bytes=10_000, slots=slots, max_bytes=max_bytes)
+
+
+def test_slot_bytes_are_rounded_up_to_whole_pages() -> None:
+    arena = _arena()
+    assert arena.slot_bytes % os.sysconf("SC_PAGE_SIZE") == 0
+    assert arena.slot_bytes >= 10_000
+    arena.close()
+
+
+def test_reserved_slots_are_distinct() -> None:
+    arena = _arena(slots=3)
+    refs = [arena.reserve() for _ in range(3)]
+    assert len({(r.segment, r.offset) for r in refs}) == 3
+    arena.close()
+
+
+def test_an_exported_slot_is_reused_only_after_every_view_is_gone() -> None:
+    arena = _arena(slots=1)
+    ref = arena.reserve()
+    base = arena.export(ref, 64)
+    tensor = torch.from_numpy(base)[8:16].view(torch.int64)
+    del base
+    gc.collect()
+    assert arena.exported == 1
+    again = arena.reserve()  # the only slot is still viewed: the arena grows instead
+    assert (again.segment, again.offset) != (ref.segment, ref.offset)
+    del tensor
+    gc.collect()
+    assert arena.exported == 0
+    reused = arena.reserve()
+    assert (reused.segment, reused.offset) == (ref.segment, ref.offset)
+    arena.close()
+
+
+def test_growth_stops_at_max_bytes_with_a_clear_error() -> None:
+    arena = SlotArena(slot_bytes=MiB, slots=2, max_bytes=3 * MiB)
+    held = [arena.export(arena.reserve(), 8) for _ in range(3)]
+    with pytest.raises(SharedMemoryError, match="in use, 3 of them by batches the consumer"):
+        arena.reserve()
+    del held
+    arena.close()
+
+
+def test_preflight_refuses_more_than_max_bytes_and_says_how_much_is_needed() -> None:
+    with pytest.raises(SharedMemoryError, match=r"need 8\.0 MiB \(8 slots"):
+        SlotArena(slot_bytes=MiB, slots=8, max_bytes=4 * MiB)
+
+
+def test_a_temporary_slot_is_freed_when_released() -> None:
+    arena = _arena()
+    before = arena.total_bytes
+    ref = arena.temporary(5 * MiB)
+    assert ref.temporary and ref.capacity >= 5 * MiB
+    assert arena.total_bytes > before
+    arena.release(ref)
+    assert arena.total_bytes == before
+    arena.close()
+
+
+def test_a_worker_view_shares_memory_with_the_main_process() -> None:
+    arena = _arena()
+    ref = arena.reserve()
+    view = WorkerSlots(os.getpid()).view(ref)
+    np.frombuffer(view, dtype=np.int64, count=4)[:] = [1, 2, 3, 4]
+    view.release()
+    seen = arena.export(ref, 32).view(np.int64)
+    assert seen.tolist() == [1, 2, 3, 4]
+    del seen
+    arena.close()
+
+
+def test_no_name_appears_in_dev_shm() -> None:
+    before = set(os.listdir("/dev/shm"))
+    arena = SlotArena(slot_bytes=MiB, slots=4, max_bytes=64 * MiB)
+    assert set(os.listdir("/dev/shm")) == before
+    arena.close()
+
+
+def test_close_with_live_views_keeps_them_readable() -> None:
+    arena = _arena()
+    ref = arena.reserve()
+    base = arena.export(ref, 16)
+    base[:] = 7
+    arena.close()
+    assert base.tolist() == [7] * 16
+    arena.close()  # idempotent
