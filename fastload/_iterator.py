@@ -17,11 +17,14 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from fastload._device import pin_tree
+from fastload._device import DevicePrefetcher, cuda_device, page_lock, pin_tree
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
+from fastload._engine._arena import SlotArena, available_memory_bytes
+from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
 from fastload.errors import FastloadError
 
 if TYPE_CHECKING:
@@ -34,6 +37,30 @@ _live: weakref.WeakSet[LoaderIterator] = weakref.WeakSet()
 def _close_all_at_exit() -> None:
     for it in list(_live):
         it._shutdown()
+
+
+def fast_path_collate(loader: Any) -> Any:
+    """The collate that can pad straight into shared memory, when the fast path applies: a
+    map-style dataset with ``read_batch`` and ``lengths`` (the ``BatchReader`` protocol), batches
+    of indices, and a collate with ``layout``/``collate_into`` (a ``PadCollate``); else ``None``."""
+    ds, collate = loader.dataset, loader.collate_fn
+    if isinstance(ds, IterableDataset) or not loader._auto_collation:
+        return None
+    if not (callable(getattr(ds, "read_batch", None)) and hasattr(ds, "lengths")):
+        return None
+    if not (callable(getattr(collate, "layout", None)) and callable(getattr(collate, "collate_into", None))):
+        return None
+    return collate
+
+
+def _plan_rows_and_tokens(loader: Any) -> tuple[int | None, int | None]:
+    """The most rows and the token budget of the batches the loader's sampler can make."""
+    sampler = loader.batch_sampler
+    rows = getattr(sampler, "batch_size", None)
+    max_tokens = getattr(sampler, "max_tokens", None)
+    if rows is None and max_tokens is None and isinstance(sampler, (list, tuple)):
+        rows = max((len(b) for b in sampler), default=1)
+    return rows, max_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +102,19 @@ class LoaderIterator:
         )
         self._num_yielded = 0
         self._engine: Engine | None = None
+        self._arena: SlotArena | None = None
+        self._codec: SlotCodec | None = None
         self._fetcher: Any = None
+        self._fast_collate = fast_path_collate(loader)
+        self._device = cuda_device(getattr(loader, "device", None))
+        self._on_device: Any = None
         if self._num_workers == 0:
-            self._fetcher = make_fetcher(
-                self._dataset, self._auto_collation, self._collate_fn, self._drop_last
-            )
+            if self._fast_collate is not None:
+                self._fetcher = _ColumnarFetcher(self._dataset, self._fast_collate)
+            else:
+                self._fetcher = make_fetcher(
+                    self._dataset, self._auto_collation, self._collate_fn, self._drop_last
+                )
         else:
             self._start_engine(loader)
             self._prime()
@@ -99,6 +134,12 @@ class LoaderIterator:
             main_pid=os.getpid(),
             epoch=0,
         )
+        if self._fast_collate is not None:
+            self._arena = self._new_arena(loader)
+            self._codec = SlotCodec(self._arena)
+            template = dataclasses.replace(
+                template, builder=SlotBuilder(self._dataset, self._fast_collate, os.getpid())
+            )
         self._engine = Engine(
             ctx=ctx,
             num_workers=self._num_workers,
@@ -107,6 +148,27 @@ class LoaderIterator:
             timeout_s=float(self._timeout),
             restartable=not self._is_iterable,
             make_spec=_SpecFactory(template),
+            codec=self._codec,
+        )
+
+    def _new_arena(self, loader: TorchDataLoader) -> SlotArena:
+        rows, max_tokens = _plan_rows_and_tokens(loader)
+        slot_bytes = slot_bytes_bound(
+            self._fast_collate,
+            self._dataset.fields,
+            np.asarray(self._dataset.lengths),
+            rows=rows,
+            max_tokens=max_tokens,
+        )
+        max_bytes = getattr(loader, "max_shared_bytes", None)
+        if max_bytes is None:
+            max_bytes = max(256 << 20, (available_memory_bytes() or 4 << 30) // 4)
+        pin = page_lock if (self._pin or self._device is not None) else None
+        return SlotArena(
+            slot_bytes=slot_bytes,
+            slots=self._prefetch_factor * self._num_workers + 2,
+            max_bytes=max_bytes,
+            pin=pin,
         )
 
     def _prime(self) -> None:
@@ -121,7 +183,7 @@ class LoaderIterator:
             index = next(self._sampler_iter)
         except StopIteration:
             return
-        self._engine.put(index)
+        self._engine.put(self._codec.task(index) if self._codec is not None else index)
 
     # -- the iterator protocol ------------------------------------------------------------------
     def __iter__(self) -> LoaderIterator:
@@ -133,7 +195,12 @@ class LoaderIterator:
     def __next__(self) -> Any:
         if self._sampler_iter is None:
             raise StopIteration
-        data = self._next_data()
+        if self._device is not None:
+            if self._on_device is None:
+                self._on_device = iter(DevicePrefetcher(_HostBatches(self), self._device))
+            data = next(self._on_device)
+        else:
+            data = self._next_data()
         self._num_yielded += 1
         if (
             self._is_iterable
@@ -171,13 +238,14 @@ class LoaderIterator:
         self._try_put()
         if status == FAILED:
             raise value
-        return pin_tree(value) if self._pin else value
+        return pin_tree(value) if self._pin and self._arena is None else value
 
     # -- persistent workers and shutdown --------------------------------------------------------
     def _reset(self, loader: TorchDataLoader, first_iter: bool = False) -> None:
         """A new epoch on the same workers (called by ``DataLoader.__iter__``)."""
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
+        self._on_device = None
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         if self._engine is None:
             self._start_engine(loader)
@@ -195,9 +263,37 @@ class LoaderIterator:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
+        arena, self._arena = self._arena, None
+        if arena is not None:
+            arena.close()
 
     def __del__(self) -> None:
         self._shutdown()
 
     def __getstate__(self) -> Any:
         raise TypeError(f"{type(self).__name__} cannot be pickled")
+
+
+class _ColumnarFetcher:
+    """``num_workers=0`` on the fast path: one ``read_batch`` and the collate, in-process."""
+
+    def __init__(self, dataset: Any, collate: Any) -> None:
+        self.dataset = dataset
+        self.collate = collate
+
+    def fetch(self, index: Any) -> Any:
+        return self.collate(self.dataset.read_batch(np.asarray(index, dtype=np.int64)))
+
+
+class _HostBatches:
+    """The iterator's host-side batches, as an iterable for the device prefetcher."""
+
+    def __init__(self, it: LoaderIterator) -> None:
+        self._it = it
+
+    def __iter__(self) -> Any:
+        while True:
+            try:
+                yield self._it._next_data()
+            except StopIteration:
+                return

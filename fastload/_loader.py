@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch.utils.data
@@ -27,10 +28,178 @@ class DataLoader(torch.utils.data.DataLoader):
     * stops its workers within a bounded time on every exit path (end of epoch, ``break`` and
       garbage collection, ``KeyboardInterrupt``, interpreter exit), and its workers exit by
       themselves when the main process dies;
-    * moves tensors and large numpy arrays between processes through shared memory.
+    * moves tensors and large numpy arrays between processes through shared memory;
+    * takes the **fast path** when the dataset offers ``read_batch`` and ``lengths`` (fastload's
+      readers do, and so may your own class) and the collate is a :class:`~fastload.PadCollate`
+      (the default for such datasets): each worker reads a whole batch in one call and pads it
+      straight into a reusable shared-memory slot; the batch you receive is tensors viewing that
+      slot, with no copy and no unpickling. A slot is reused only once nothing references its
+      tensors, so keeping a batch is always safe.
 
-    ``iter(loader).worker_pids`` lists the current worker processes.
+    fastload's own keyword options (all optional):
+
+    * ``length_grouped=True``: batches of similar-length samples from ``dataset.lengths``
+      (:class:`~fastload.LengthGroupedBatchSampler` with ``batch_size``, ``shuffle``,
+      ``drop_last`` and ``seed``), padded by ``PadCollate`` unless ``collate_fn`` is given.
+    * ``max_tokens=N``: length-grouped batches under a token budget (padded rows × length ≤ N);
+      ``batch_size``, when given too, caps the rows.
+    * ``seed``: the seed of the length-grouped plan (default 0); each ``iter()`` starts the next
+      epoch, or the one set with :meth:`set_epoch`.
+    * ``device="cuda"``: batches arrive on the GPU, each copied on a side stream while the
+      previous one trains (pinned slots, ``non_blocking`` copies). Without CUDA, ``"cuda"``
+      raises; ``None`` or ``"cpu"`` keeps batches on the host.
+    * ``max_shared_bytes``: the most shared memory the batch slots may take (default a quarter
+      of the available memory). The slots grow while the consumer keeps batches alive, up to
+      this bound, then raise :class:`~fastload.errors.SharedMemoryError`.
+
+    ``iter(loader).worker_pids`` lists the current worker processes; ``state_dict()`` and
+    ``load_state_dict()`` resume a length-grouped epoch exactly where it stopped.
     """
 
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        batch_sampler: Any = None,
+        num_workers: int = 0,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        length_grouped: bool = False,
+        max_tokens: int | None = None,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        max_shared_bytes: int | None = None,
+    ) -> None:
+        self.length_grouped = length_grouped
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.device = device
+        self.max_shared_bytes = max_shared_bytes
+        self._epoch = 0
+        self._resume: dict[str, Any] | None = None
+        self._last_it: weakref.ref[LoaderIterator] | None = None
+        if collate_fn is None and _is_batch_reader(dataset):
+            from fastload._collate import PadCollate
+
+            collate_fn = PadCollate()
+        if length_grouped or max_tokens is not None:
+            batch_sampler = _length_grouped_sampler(
+                dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, seed
+            )
+            batch_size, shuffle, drop_last = 1, None, False
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+
     def _get_iterator(self) -> Any:
-        return LoaderIterator(self)
+        it = LoaderIterator(self)
+        self._last_it = weakref.ref(it)
+        return it
+
+    def __iter__(self) -> Any:
+        self._begin_epoch()
+        return super().__iter__()
+
+    # -- epochs and exact resume ----------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` run epoch ``epoch`` (and later ones count on from it)."""
+        self._epoch = int(epoch)
+        self._resume = None
+
+    def _begin_epoch(self) -> None:
+        sampler = self.batch_sampler
+        if hasattr(sampler, "set_epoch") and hasattr(sampler, "load_state_dict"):
+            if self._resume is not None:
+                sampler.load_state_dict(self._resume)
+                self._resume = None
+            else:
+                sampler.set_epoch(self._epoch)
+            self._epoch = sampler.epoch + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands: batches the consumer received count as consumed;
+        batches prefetched by workers but not yet received do not."""
+        sampler = self.batch_sampler
+        if not hasattr(sampler, "state_dict"):
+            raise TypeError(
+                "state_dict() needs a resumable batch sampler (length_grouped=True, max_tokens=, "
+                f"or a batch_sampler with state_dict/load_state_dict); this loader uses {type(sampler).__name__}"
+            )
+        it = self._last_iterator()
+        consumed = it._num_yielded if it is not None else 0
+        return {"sampler": sampler.state_dict(batches_consumed=consumed)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next ``iter()`` continues the saved epoch with exactly the batches an
+        uninterrupted run would have produced (on any number of ranks)."""
+        self._resume = dict(state["sampler"])
+
+    def _last_iterator(self) -> LoaderIterator | None:
+        return self._last_it() if self._last_it is not None else None
+
+
+def _is_batch_reader(dataset: Any) -> bool:
+    return callable(getattr(dataset, "read_batch", None)) and hasattr(dataset, "lengths")
+
+
+def _length_grouped_sampler(
+    dataset: Any,
+    batch_size: int | None,
+    shuffle: bool | None,
+    sampler: Any,
+    batch_sampler: Any,
+    drop_last: bool,
+    max_tokens: int | None,
+    seed: int,
+) -> Any:
+    from fastload._sampling import LengthGroupedBatchSampler
+
+    if isinstance(batch_sampler, LengthGroupedBatchSampler) and sampler is None:
+        return batch_sampler  # re-created from its own attributes (Lightning, Accelerate)
+    if sampler is not None or batch_sampler is not None:
+        raise ValueError(
+            "length_grouped=True / max_tokens= build their own batch sampler; they are mutually "
+            "exclusive with sampler and batch_sampler"
+        )
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None:
+        raise ValueError(
+            "length_grouped=True / max_tokens= need the dataset's per-sample lengths as a "
+            f"`lengths` array; {type(dataset).__name__} has no `lengths` attribute"
+        )
+    return LengthGroupedBatchSampler(
+        lengths,
+        batch_size=batch_size if max_tokens is None or batch_size != 1 else None,
+        max_tokens=max_tokens,
+        shuffle=True if shuffle is None else bool(shuffle),
+        seed=seed,
+        drop_last=drop_last,
+    )

@@ -135,3 +135,48 @@ _TORCH_DTYPES = {
     np.dtype(np.complex64): torch.complex64,
     np.dtype(np.complex128): torch.complex128,
 }
+
+
+def synthetic_batch(fields: dict[str, Any], rows: int, length: int) -> dict[str, Any]:
+    """A columnar batch of ``rows`` samples of ``length`` elements per ragged field, built from
+    zero-stride arrays (no memory), for sizing slots with the collate's own layout."""
+    from fastload._types import Ragged
+
+    out: dict[str, Any] = {}
+    for name, f in fields.items():
+        if f.kind == "ragged":
+            values = np.broadcast_to(np.zeros((), f.dtype), (rows * length, *f.shape))
+            out[name] = Ragged(values, np.full(rows, length, dtype=np.int64))
+        elif f.kind == "fixed":
+            out[name] = np.broadcast_to(np.zeros((), f.dtype), (rows, *f.shape))
+        else:
+            out[name] = [""] * rows
+    return out
+
+
+def slot_bytes_bound(
+    collate: Any,
+    fields: dict[str, Any],
+    lengths: np.ndarray,
+    *,
+    rows: int | None,
+    max_tokens: int | None,
+) -> int:
+    """The bytes of the largest batch the plan can produce, from the collate's layout: at most
+    ``rows`` samples of the longest length, or, under a token budget, either many short samples
+    or few long ones, whichever needs more (ragged fields other than the length field are
+    assumed no longer than it; a batch that is still larger gets a temporary slot)."""
+    n = max(1, len(lengths))
+    longest = max(1, int(lengths.max())) if len(lengths) else 1
+    shortest = max(1, int(lengths.min())) if len(lengths) else 1
+
+    def size(r: int, length: int) -> int:
+        return plan_layout(collate.layout(synthetic_batch(fields, max(1, r), max(1, length))))[1]
+
+    if max_tokens is None:
+        return size(min(rows or n, n), longest)
+    cap = min(n, rows or n, max(1, max_tokens // shortest))
+    return max(
+        size(cap, max(shortest, max_tokens // cap)),
+        size(max(1, min(cap, max_tokens // longest)), longest),
+    )
