@@ -1,15 +1,20 @@
-"""The worker processes and their channels: one task queue and one result pipe per worker.
+"""The worker processes and their channels: one task pipe and one result pipe per worker.
+
+Tasks are written straight into the worker's pipe by the main thread (no feeder thread, no
+lock): the main process keeps at most ``prefetch_factor`` tasks per worker outstanding and each
+pipe buffers 1 MiB, so a send does not block in practice.
 
 NOTE [shutdown order] — written once here; ``WorkerPool.shutdown``, ``Engine.close`` and the
 loader's iterator point to it.
-  1. Every live worker is sent ``None`` (stop after the current task).
-  2. The main process closes its read ends of the result pipes, so a worker blocked sending a
-     large result gets ``BrokenPipeError`` and exits instead of waiting for a reader.
+  1. Every live worker is sent ``None`` (stop after the current task) without blocking — a
+     worker whose pipe is full is stuck or dead and is dealt with in 3 — and the task pipes are
+     closed (a forked sibling may hold a copy of a write end, so end-of-file alone would not
+     reach every worker).
+  2. It closes its read ends of the result pipes, so a worker blocked sending a large result
+     gets ``BrokenPipeError`` and exits instead of waiting for a reader.
   3. All workers are joined against one shared deadline (``join_s``), never one per worker;
      stragglers (a worker stuck in user code) get SIGTERM, then SIGKILL.
-  4. Task queues are closed without joining their feeder threads (a dead reader must not block
-     our exit).
-  5. Only then does the engine release shared memory (the batch slots): no worker can still
+  4. Only then does the engine release shared memory (the batch slots): no worker can still
      write into it.
 ``shutdown`` is idempotent, and workers also exit by themselves when the main process dies.
 """
@@ -18,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from fastload._engine._worker import WorkerSpec, worker_main
-from fastload._engine._transport import loads
+from fastload._engine._transport import dumps_task, loads
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
@@ -53,7 +59,7 @@ class WorkerPool:
         self._ctx = ctx
         self._make_spec = make_spec
         self._procs: list[Any] = [None] * num_workers
-        self._tasks: list[Any] = [None] * num_workers
+        self._tasks: list[Connection | None] = [None] * num_workers
         self._results: list[Connection | None] = [None] * num_workers
         self._closed = False
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
@@ -63,27 +69,32 @@ class WorkerPool:
             self._start(wid)
 
     def _start(self, wid: int) -> None:
-        tasks = self._ctx.Queue()
+        task_reader, task_writer = self._ctx.Pipe(duplex=False)
         reader, writer = self._ctx.Pipe(duplex=False)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(writer.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+        for conn in (task_writer, writer):
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self._make_spec(wid), tasks, writer, self._progress),
+            args=(self._make_spec(wid), task_reader, writer, self._progress),
             name=f"fastload-worker-{wid}",
             daemon=True,
         )
         self._progress[wid] = -1
         proc.start()
         writer.close()  # the worker holds the only write end: its death closes the pipe
-        self._procs[wid], self._tasks[wid], self._results[wid] = proc, tasks, reader
+        task_reader.close()
+        self._procs[wid], self._tasks[wid], self._results[wid] = proc, task_writer, reader
 
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p is not None]
 
     def send(self, wid: int, msg: Any) -> None:
-        self._tasks[wid].put(msg)
+        try:
+            self._tasks[wid].send_bytes(dumps_task(msg))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the worker just died: wait() reports it and its tasks are re-dispatched
 
     def wait(self, timeout_s: float) -> list[tuple[int, Any]]:
         """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
@@ -124,12 +135,9 @@ class WorkerPool:
         return out
 
     def _discard(self, wid: int) -> None:
-        conn, tasks = self._results[wid], self._tasks[wid]
-        if conn is not None:
-            conn.close()
-        if tasks is not None:
-            tasks.cancel_join_thread()
-            tasks.close()
+        for conn in (self._results[wid], self._tasks[wid]):
+            if conn is not None:
+                conn.close()
         self._procs[wid] = self._tasks[wid] = self._results[wid] = None
 
     def respawn(self, wid: int) -> None:
@@ -147,18 +155,22 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        live = [(wid, p) for wid, p in enumerate(self._procs) if p is not None]
-        for wid, _ in live:  # 1
-            with contextlib.suppress(Exception):
-                self._tasks[wid].put(None)
+        live = [p for p in self._procs if p is not None]
+        stop = dumps_task(None)
+        for conn in self._tasks:  # 1
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    os.set_blocking(conn.fileno(), False)
+                    conn.send_bytes(stop)  # a few bytes: written whole or not at all
+                conn.close()
         for conn in self._results:  # 2
             if conn is not None:
                 conn.close()
         deadline = time.monotonic() + join_s  # 3
-        for _, proc in live:
+        for proc in live:
             proc.join(max(0.0, deadline - time.monotonic()))
         for signal_name in ("terminate", "kill"):
-            stragglers = [p for _, p in live if p.is_alive()]
+            stragglers = [p for p in live if p.is_alive()]
             if not stragglers:
                 break
             for proc in stragglers:
@@ -166,10 +178,7 @@ class WorkerPool:
                     getattr(proc, signal_name)()
             for proc in stragglers:
                 proc.join(1.0)
-        for wid, proc in live:  # 4
-            tasks = self._tasks[wid]
-            tasks.cancel_join_thread()
-            tasks.close()
+        for proc in live:
             with contextlib.suppress(ValueError):
                 proc.close()
         self._procs = [None] * len(self._procs)

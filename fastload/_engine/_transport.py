@@ -49,3 +49,8 @@ def dumps(obj: Any) -> bytes:
 
 
 loads = pickle.loads
+
+
+def dumps_task(msg: Any) -> bytes:
+    """A task message (indices, slot references): plain pickle, no shared-memory reducers."""
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)

@@ -1,8 +1,9 @@
 """The worker process: receive tasks, build batches, send back results.
 
 A worker never decides anything: it builds what it is told, in the order it is told, and sends
-``(epoch, seq, kind, payload)`` back on its own pipe. It exits when told (``None``), when its
-parent dies (checked between tasks, at least every ``_POLL_S``), or when the pipe breaks.
+``(epoch, seq, kind, payload)`` back on its own pipe. It exits when its task pipe is closed
+(end-of-file), when its parent dies (checked between tasks, at least every ``_POLL_S``), or when
+the result pipe breaks.
 See the shutdown NOTE in ``_pool.py``.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import queue
 import random
 import signal
 import traceback
@@ -22,7 +22,7 @@ import torch
 from torch.utils.data._utils import worker as torch_worker
 
 from fastload._engine._fetch import IterableFetcher, make_fetcher
-from fastload._engine._transport import dumps
+from fastload._engine._transport import dumps, loads
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -95,7 +95,7 @@ def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
     return True
 
 
-def worker_main(spec: WorkerSpec, tasks: Any, results: Connection, progress: Any) -> None:
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progress: Any) -> None:
     """Entry point of a worker process (a module-level function, so spawn can import it).
     ``progress[worker_id]`` tells the main process which task this worker is building."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
@@ -114,20 +114,18 @@ def worker_main(spec: WorkerSpec, tasks: Any, results: Connection, progress: Any
     except Exception as exc:
         init_failure = _failure(exc, spec, index=None)
 
-    epoch = spec.epoch
     exhausted = False
     try:
         while True:
-            try:
-                msg = tasks.get(timeout=_POLL_S)
-            except queue.Empty:
+            if not tasks.poll(_POLL_S):
                 if not _parent_alive(spec, ppid):
                     return
                 continue
+            msg = loads(tasks.recv_bytes())  # EOFError: the main process closed the pipe
             if msg is None:
                 return
             if isinstance(msg, Resume):
-                epoch, exhausted = msg.epoch, False
+                exhausted = False
                 if init_failure is None:
                     fetcher = _new_fetcher(spec)
                 continue

@@ -1,0 +1,121 @@
+"""Does the GPU wait on the loader? fastload's engine against torch's DataLoader, same batches.
+
+What it isolates: the loader alone — reading, padding and moving batches of 64 variable-length
+token sequences (int64 output, padded to the batch maximum) from one HDF5 file to the consumer,
+with ``num_workers=2`` on this 2-core machine. Every figure is a median over rounds run in this
+one process, reported as a ratio against a baseline measured alongside it; every loader's
+output is checked against the in-RAM reference.
+
+Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_engine.py -s --size full``
+(``--size smoke``, the default, is what the test suite runs so the benchmark never rots).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from _engine_harness import LOADERS, PeakPss, batch_plan, in_ram_limit, run, write_corpus
+
+SIZES = {"smoke": (8_000, 40, 1), "full": (200_000, 300, 5)}  # samples, batches, rounds
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, bench_size: str) -> tuple[Path, list[list[int]], int]:
+    samples, batches, rounds = SIZES[bench_size]
+    path = tmp_path_factory.mktemp("engine") / "corpus.h5"
+    write_corpus(path, samples)
+    return path, batch_plan(samples, batches), rounds
+
+
+def _table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([f"\n{title}", line(header), sep, *map(line, rows)])
+
+
+def _report(name: str, payload: dict[str, Any], capsys: pytest.CaptureFixture[str], text: str) -> None:
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2))
+    with capsys.disabled():
+        print(text)
+
+
+# Slow baselines get a prefix of the plan, so each run lasts about a second at their speed.
+_PREFIX = {"typical": 8, "flat": 25}
+_CONFIGS = [("typical", 2), ("flat", 2), ("mmap_getitems", 0), ("mmap_getitems", 2), ("fastload", 2)]
+
+
+def test_throughput_against_torch_dataloader(corpus: Any, benchmark: Any, capsys: Any, bench_size: str) -> None:
+    path, plan, rounds = corpus
+    results: dict[str, list[float]] = {}
+    for _ in range(rounds):  # interleaved rounds: noise hits every loader alike
+        ref = run(in_ram_limit(path, plan))
+        results.setdefault("in-RAM gather, no loader", []).append(ref["samples_per_s"])
+        for name, workers in _CONFIGS:
+            sub = plan[: _PREFIX.get(name, len(plan)) * (5 if bench_size == "full" else 1)]
+            got = run(LOADERS[name](path, sub, workers))
+            expected = ref["checksum"] if sub is plan else run(in_ram_limit(path, sub))["checksum"]
+            assert got["checksum"] == expected, f"{name} returned different batches"
+            results.setdefault(f"{name}, {workers} workers", []).append(got["samples_per_s"])
+    med = {k: float(np.median(v)) for k, v in results.items()}
+    fast = med["fastload, 2 workers"]
+    rows = [[k, f"{v:,.0f}", f"{fast / v:.1f}x"] for k, v in med.items()]
+    _report(
+        f"throughput-{bench_size}",
+        {"samples_per_s": med, "rounds": rounds},
+        capsys,
+        _table(f"samples/s ({bench_size}, median of {rounds})", ["loader", "samples/s", "fastload is"], rows),
+    )
+    benchmark.extra_info.update({k: round(v) for k, v in med.items()})
+    benchmark.pedantic(lambda: run(LOADERS["fastload"](path, plan, 2)), rounds=1, iterations=1)
+
+
+@pytest.mark.parametrize("step_ms", [2, 10, 50])
+def test_stall_fraction_at_a_fixed_step(corpus: Any, step_ms: int, capsys: Any, bench_size: str) -> None:
+    path, plan, rounds = corpus
+    n = max(10, min(len(plan), int(1.5 / (step_ms / 1000)))) if bench_size == "full" else 10
+    sub = plan[:n]
+    stalls: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name in ("mmap_getitems", "fastload"):
+            got = run(LOADERS[name](path, sub, 2), step_s=step_ms / 1000)
+            stalls.setdefault(name, []).append(got["stall"])
+    med = {k: float(np.median(v)) for k, v in stalls.items()}
+    rows = [[k, f"{v:.2%}"] for k, v in med.items()]
+    _report(
+        f"stall-{step_ms}ms-{bench_size}",
+        {"stall": med, "batches": n, "rounds": rounds},
+        capsys,
+        _table(f"stall fraction, {step_ms} ms step, 2 workers ({bench_size})", ["loader", "stall"], rows),
+    )
+
+
+def test_first_batch_and_peak_memory(corpus: Any, capsys: Any, bench_size: str) -> None:
+    path, plan, rounds = corpus
+    first: dict[str, list[float]] = {}
+    peak: dict[str, list[int]] = {}
+    for _ in range(rounds):
+        for name in ("mmap_getitems", "fastload"):
+            with PeakPss() as pss:
+                got = run(LOADERS[name](path, plan, 2))
+            first.setdefault(name, []).append(got["first_batch_s"])
+            peak.setdefault(name, []).append(pss.peak)
+    rows = [
+        [k, f"{np.median(first[k]):.3f}", f"{np.median(peak[k]) / 2**20:,.0f}"] for k in first
+    ]
+    ratio = float(np.median(peak["fastload"]) / np.median(peak["mmap_getitems"]))
+    _report(
+        f"startup-memory-{bench_size}",
+        {"first_batch_s": {k: float(np.median(v)) for k, v in first.items()},
+         "peak_pss_bytes": {k: float(np.median(v)) for k, v in peak.items()}, "pss_ratio": ratio},
+        capsys,
+        _table(f"time to first batch and peak PSS, 2 workers ({bench_size}); "
+               f"fastload/torch PSS = {ratio:.2f}", ["loader", "first batch s", "peak PSS MiB"], rows),
+    )

@@ -1,0 +1,321 @@
+"""Length-grouped sampling and padding: how much padding it saves, how full token budgets are,
+what an epoch plan costs, and how fast PadCollate pads.
+
+What it isolates, on two length distributions:
+
+* the issue's **lognormal** set (median 200, sigma 0.75, clipped 8..2048);
+* a **real text corpus**: every docstring of the Python standard library installed with the
+  interpreter (modules, classes, functions), as counts of word and punctuation tokens.
+
+Figures:
+
+1. padding efficiency (real tokens / padded tokens) of batches of 64: random batches against
+   ``LengthGroupedBatchSampler`` with its defaults (goal: >= 0.95 on the lognormal set);
+2. token-budget utilisation (padded tokens / ``max_tokens``, mean over batches; goal >= 0.9);
+3. the sampler's cost per epoch (10 million lengths with ``--size full``), against
+   ``np.random.permutation`` of as many indices — the least any shuffling sampler does;
+4. PadCollate's padding throughput in GB/s of output (token ids int32 -> int64, mask, lengths)
+   for 64 rows of about 200 and about 2,000 tokens, against a per-row Python loop into the same
+   arrays and against ``torch.nn.utils.rnn.pad_sequence``; plus both of PadCollate's kernels,
+   which is how the switch-over row size was chosen.
+
+Every time is a median of repeated runs, every ratio compares two medians of this one run, and
+each fast result is checked against its baseline's.
+
+Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_sampling.py -s -p no:cacheprovider
+--size full`` (``--size smoke``, the default, runs in seconds).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from fastload import LengthGroupedBatchSampler, PadCollate
+from fastload._collate import _kernels
+from fastload._types import Ragged
+
+BATCH = 64
+# lognormal samples for the padding figures, lengths for the plan cost, corpus files
+SIZES = {"smoke": (100_000, 1_000_000, 120), "full": (1_000_000, 10_000_000, None)}
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def lognormal_lengths(count: int) -> npt.NDArray[np.int64]:
+    rng = np.random.default_rng(0)
+    return np.clip(np.round(rng.lognormal(np.log(200), 0.75, count)), 8, 2048).astype(np.int64)
+
+
+def docstring_lengths(max_files: int | None) -> npt.NDArray[np.int64]:
+    """Token counts of the standard library's docstrings (a real, heavy-tailed text corpus)."""
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))[:max_files]
+    counts = []
+    for file in files:
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # test fixtures with deliberately broken source
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    counts.append(len(_TOKEN.findall(doc)))
+    return np.asarray(counts, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def corpora(bench_size: str) -> dict[str, npt.NDArray[np.int64]]:
+    samples, _, files = SIZES[bench_size]
+    return {"lognormal": lognormal_lengths(samples), "stdlib docstrings": docstring_lengths(files)}
+
+
+def efficiency(lengths: npt.NDArray[np.int64], batches: list[list[int]]) -> float:
+    real = sum(int(lengths[b].sum()) for b in batches)
+    padded = sum(len(b) * int(lengths[b].max()) for b in batches)
+    return real / padded
+
+
+def median_s(run: Callable[[], Any], repeats: int) -> float:
+    run()  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    cells = [header, *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in cells
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join([f"\n{title}", *lines])
+
+
+def test_padding_efficiency_random_against_length_grouped(
+    corpora: dict[str, npt.NDArray[np.int64]],
+    bench_size: str,
+    benchmark: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = []
+    results = {}
+    for name, lengths in corpora.items():
+        shuffled = np.random.default_rng(1).permutation(lengths.size)
+        random = efficiency(
+            lengths, [b.tolist() for b in np.array_split(shuffled, lengths.size // BATCH)]
+        )
+        grouped = efficiency(lengths, list(LengthGroupedBatchSampler(lengths, batch_size=BATCH)))
+        whole = efficiency(
+            lengths, list(LengthGroupedBatchSampler(lengths, batch_size=BATCH, window=None))
+        )
+        results[name] = grouped
+        rows.append(
+            (
+                name,
+                f"{lengths.size:,}",
+                f"{random:.3f}",
+                f"{grouped:.3f}",
+                f"{whole:.3f}",
+                f"{grouped / random:.1f}x",
+            )
+        )
+    with capsys.disabled():
+        print(
+            table(
+                f"padding efficiency at batch size {BATCH}, {bench_size}",
+                ("lengths", "samples", "random", "grouped (defaults)", "window=None", "gain"),
+                rows,
+            )
+        )
+    benchmark.extra_info.update(
+        {f"{k} grouped efficiency": round(v, 4) for k, v in results.items()}
+    )
+    lengths = corpora["lognormal"]
+    benchmark.pedantic(
+        lambda: LengthGroupedBatchSampler(lengths, batch_size=BATCH).__len__(), rounds=3
+    )
+    assert results["lognormal"] >= 0.95
+
+
+def test_token_budget_utilisation(
+    corpora: dict[str, npt.NDArray[np.int64]],
+    bench_size: str,
+    benchmark: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = []
+    utilisation = {}
+    for name, lengths in corpora.items():
+        for budget in (4_096, 16_384):
+            sampler = LengthGroupedBatchSampler(lengths, max_tokens=budget, oversize="skip")
+            batches = list(sampler)
+            padded = np.array([len(b) * int(lengths[b].max()) for b in batches])
+            assert padded.max() <= budget
+            utilisation[(name, budget)] = float((padded / budget).mean())
+            rows.append(
+                (
+                    name,
+                    f"{budget:,}",
+                    f"{len(batches):,}",
+                    f"{sampler.skipped:,}",
+                    f"{utilisation[(name, budget)]:.3f}",
+                    f"{efficiency(lengths, batches):.3f}",
+                )
+            )
+    with capsys.disabled():
+        print(
+            table(
+                f"token budgets, {bench_size}",
+                ("lengths", "max_tokens", "batches", "skipped", "padded / budget", "real / padded"),
+                rows,
+            )
+        )
+    benchmark.extra_info.update({f"{k[0]} {k[1]}": round(v, 4) for k, v in utilisation.items()})
+    lengths = corpora["lognormal"]
+    benchmark.pedantic(
+        lambda: LengthGroupedBatchSampler(lengths, max_tokens=16_384).__len__(), rounds=3
+    )
+    assert utilisation[("lognormal", 16_384)] >= 0.9
+
+
+def test_sampler_cost_per_epoch(
+    bench_size: str, benchmark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    count = SIZES[bench_size][1]
+    lengths = lognormal_lengths(count)
+    rng = np.random.default_rng(2)
+    permutation = median_s(lambda: rng.permutation(count), 3)
+    medians: dict[str, float] = {"np.random.permutation (baseline)": permutation}
+    for label, options in (
+        (f"plan, batch_size={BATCH}", {"batch_size": BATCH}),
+        ("plan, max_tokens=16384", {"max_tokens": 16_384}),
+        ("plan, max_tokens=16384, 8 ranks", {"max_tokens": 16_384, "num_replicas": 8, "rank": 3}),
+    ):
+        start = time.perf_counter()
+        sampler = LengthGroupedBatchSampler(lengths, **options)
+        len(sampler)
+        medians[label.replace("plan", "construction + first plan")] = time.perf_counter() - start
+        epochs = iter(range(1, 100))
+
+        def plan_next_epoch(sampler: LengthGroupedBatchSampler = sampler) -> int:
+            sampler.set_epoch(next(epochs))
+            return len(sampler)  # builds (and caches) the epoch's plan
+
+        medians[label] = median_s(plan_next_epoch, 3)
+    sampler = LengthGroupedBatchSampler(lengths, max_tokens=16_384, num_replicas=8, rank=3)
+    medians["iterate one rank's epoch as lists (8 ranks)"] = median_s(lambda: list(sampler), 1)
+    rows = [
+        (name, f"{seconds * 1e3:,.0f} ms", f"{seconds / permutation:.2f}x")
+        for name, seconds in medians.items()
+    ]
+    with capsys.disabled():
+        print(
+            table(
+                f"sampler cost per epoch, {count:,} lengths",
+                ("step", "median", "vs permutation"),
+                rows,
+            )
+        )
+    benchmark.extra_info.update({f"{k} (ms)": round(v * 1e3, 1) for k, v in medians.items()})
+    benchmark.pedantic(
+        lambda: LengthGroupedBatchSampler(lengths[:100_000], max_tokens=16_384).__len__(), rounds=3
+    )
+
+
+def per_row_loop(
+    values: np.ndarray, lengths: npt.NDArray[np.int64], out: dict[str, np.ndarray]
+) -> None:
+    """The straightforward collate: one slice copy per row and field."""
+    ids, mask = out["ids"], out["attention_mask"]
+    start = 0
+    for row, count in enumerate(lengths.tolist()):
+        ids[row, :count] = values[start : start + count]
+        ids[row, count:] = 0
+        mask[row, :count] = 1
+        mask[row, count:] = 0
+        start += count
+    out["lengths"][...] = lengths
+
+
+@pytest.mark.parametrize("median_length", [200, 2048])
+def test_pad_collate_throughput(
+    median_length: int, benchmark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(3)
+    # A length-grouped batch: 64 rows within about 10 % of each other.
+    lengths = rng.integers(int(median_length * 0.9), int(median_length * 1.1) + 1, BATCH)
+    values = rng.integers(0, 50_000, int(lengths.sum())).astype(np.int32)
+    batch = {"ids": Ragged(values, lengths.astype(np.int64))}
+    collate = PadCollate(dtype=torch.int64)
+    layout = collate.layout(batch)
+    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in layout.items()}
+    reference = {name: np.empty(shape, dtype) for name, (shape, dtype) in layout.items()}
+    output_bytes = sum(array.nbytes for array in out.values())
+
+    per_row_loop(values, lengths, reference)
+    collate.collate_into(batch, out)
+    for name in out:
+        np.testing.assert_array_equal(out[name], reference[name], err_msg=name)
+    tensors = [torch.from_numpy(row) for row in np.split(values, np.cumsum(lengths)[:-1])]
+
+    def kernel(threshold: int) -> Callable[[], None]:
+        def run() -> None:
+            saved = _kernels.ROW_COPY_MIN_BYTES
+            _kernels.ROW_COPY_MIN_BYTES = threshold
+            try:
+                collate.collate_into(batch, out)
+            finally:
+                _kernels.ROW_COPY_MIN_BYTES = saved
+
+        return run
+
+    repeats = 200
+    medians = {
+        "PadCollate.collate_into": median_s(lambda: collate.collate_into(batch, out), repeats),
+        "  mask kernel forced": median_s(kernel(1 << 62), repeats),
+        "  row-copy kernel forced": median_s(kernel(0), repeats),
+        "per-row Python loop (baseline)": median_s(
+            lambda: per_row_loop(values, lengths, out), repeats
+        ),
+        "torch pad_sequence (ids only, int32)": median_s(
+            lambda: torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True), repeats
+        ),
+    }
+    baseline = medians["per-row Python loop (baseline)"]
+    rows = [
+        (
+            name,
+            f"{seconds * 1e6:,.0f} us",
+            f"{output_bytes / seconds / 1e9:.2f} GB/s",
+            f"{baseline / seconds:.2f}x",
+        )
+        for name, seconds in medians.items()
+    ]
+    with capsys.disabled():
+        print(
+            table(
+                f"padding {BATCH} rows of ~{median_length} tokens (int32 -> int64 ids, int64 "
+                f"mask, lengths: {output_bytes / 1e6:.2f} MB out)",
+                ("collate", "median", "output rate", "speed-up vs loop"),
+                rows,
+            )
+        )
+    benchmark.extra_info.update(
+        {f"{k.strip()} (GB/s)": round(output_bytes / v / 1e9, 3) for k, v in medians.items()}
+    )
+    benchmark.pedantic(collate.collate_into, args=(batch, out), rounds=50, iterations=1)
