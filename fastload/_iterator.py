@@ -254,6 +254,12 @@ class LoaderIterator:
         self._prime()
 
     @property
+    def fast_path(self) -> bool:
+        """Whether batches are built by ``read_batch`` + ``PadCollate`` (into shared-memory slots
+        when there are workers) rather than by per-sample reads and ``collate_fn``."""
+        return self._fast_collate is not None
+
+    @property
     def worker_pids(self) -> list[int]:
         """The pids of the current worker processes (a replaced worker has a new pid)."""
         return self._engine.worker_pids if self._engine is not None else []

@@ -94,6 +94,7 @@ class SlotCodec:
 
     def __init__(self, arena: SlotArena) -> None:
         self.arena = arena
+        self.oversize_batches = 0  # batches that needed a temporary slot
 
     def task(self, indices: Any) -> SlotTask:
         return SlotTask(np.asarray(indices, dtype=np.int64), self.arena.reserve())
@@ -113,6 +114,7 @@ class SlotCodec:
         if not isinstance(payload, Oversize):
             return None
         self.arena.release(index.slot)
+        self.oversize_batches += 1
         return SlotTask(index.indices, self.arena.temporary(payload.nbytes))
 
     def drop(self, index: SlotTask) -> None:
