@@ -118,6 +118,10 @@ class Engine:
         self._reorder: ReorderBuffer[tuple[int, Task, Any]] = ReorderBuffer(in_order=in_order)
         self._next_seq = 0
         self._idle_deaths = [0] * num_workers  # deaths since the worker last delivered
+        self.started = time.monotonic()
+        self.busy_s = [0.0] * num_workers  # per worker: seconds spent building batches
+        self.read_s = [0.0] * num_workers  # of those, seconds in read_batch (fast path only)
+        self.retries = 0  # tasks re-dispatched after their worker died
         self._closed = False
         self._pool = WorkerPool(ctx, num_workers, lambda wid: make_spec(wid, self.epoch))
 
@@ -190,8 +194,11 @@ class Engine:
                     self._on_result(wid, msg, refill)
                     started = time.monotonic()
 
-    def _on_result(self, wid: int, msg: tuple[int, int, int, Any], refill: Callable[[], None]) -> None:
-        epoch, seq, kind, payload = msg
+    def _on_result(self, wid: int, msg: tuple[Any, ...], refill: Callable[[], None]) -> None:
+        epoch, seq, kind, payload, busy_s, read_s = msg
+        self.busy_s[wid] += busy_s
+        if read_s is not None:
+            self.read_s[wid] += read_s
         if epoch != self.epoch:
             stale = self._stale.pop((epoch, seq), None)
             if stale is not None:
@@ -243,6 +250,7 @@ class Engine:
                 f"(last: {died.describe()}); check worker_init_fn and the dataset's set-up"
             )
         self.respawns += 1
+        self.retries += len(lost)
         self._pool.respawn(wid)
         for task in lost:
             self._send(wid, task)

@@ -10,6 +10,7 @@ copying; the slot returns to the arena when the last of those tensors is garbage
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,10 +66,13 @@ class SlotBuilder:
     def __init__(self, dataset: Any, collate: Any, main_pid: int) -> None:
         self.dataset = dataset
         self.collate = collate
+        self.last_read_s = 0.0  # seconds the last build spent in read_batch (for stats)
         self._slots = WorkerSlots(main_pid)
 
-    def build(self, seq: int, task: SlotTask) -> SlotBatch | Oversize:
+    def build(self, task: SlotTask) -> SlotBatch | Oversize:
+        started = time.perf_counter()
         columnar = self.dataset.read_batch(task.indices)
+        self.last_read_s = time.perf_counter() - started
         arrays, nbytes = plan_layout(self.collate.layout(columnar))
         if nbytes > task.slot.capacity:
             return Oversize(nbytes)

@@ -1,7 +1,8 @@
 """The worker process: receive tasks, build batches, send back results.
 
 A worker never decides anything: it builds what it is told, in the order it is told, and sends
-``(epoch, seq, kind, payload)`` back on its own pipe. It exits when its task pipe is closed
+``(epoch, seq, kind, payload, busy_s, read_s)`` back on its own pipe (``busy_s``: seconds spent
+building; ``read_s``: of those, seconds in reads, where the builder knows). It exits when its task pipe is closed
 (end-of-file), when its parent dies (checked between tasks, at least every ``_POLL_S``), or when
 the result pipe breaks.
 See the shutdown NOTE in ``_pool.py``.
@@ -13,6 +14,7 @@ import os
 import pickle
 import random
 import signal
+import time
 import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -133,16 +135,19 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progre
             if exhausted:
                 continue  # the main process dropped this worker's tasks when it was told
             if init_failure is not None:
-                reply: tuple[int, int, int, Any] = (task_epoch, seq, FAILED, init_failure)
+                reply: tuple[Any, ...] = (task_epoch, seq, FAILED, init_failure, 0.0, None)
                 init_failure = None
             else:
                 progress[spec.worker_id] = seq
-                reply = _build(spec, fetcher, task_epoch, seq, index)
-                exhausted = reply[2] == EXHAUSTED
+                started = time.perf_counter()
+                kind, payload = _build(spec, fetcher, index)
+                busy_s = time.perf_counter() - started
+                reply = (task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None))
+                exhausted = kind == EXHAUSTED
             try:
                 data = dumps(reply)
             except Exception as exc:  # an unpicklable batch fails that batch, not the worker
-                data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index)))
+                data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index), 0.0, None))
             del reply
             results.send_bytes(data)
             progress[spec.worker_id] = -1
@@ -159,17 +164,18 @@ def _new_fetcher(spec: WorkerSpec) -> Any:
     return make_fetcher(spec.dataset, spec.auto_collation, spec.collate_fn, spec.drop_last)
 
 
-def _build(spec: WorkerSpec, fetcher: Any, epoch: int, seq: int, index: Any) -> tuple[int, int, int, Any]:
+def _build(spec: WorkerSpec, fetcher: Any, index: Any) -> tuple[int, Any]:
+    """``(kind, payload)`` for one task."""
     try:
         if spec.builder is not None:
-            return epoch, seq, OK, fetcher.build(seq, index)
-        return epoch, seq, OK, fetcher.fetch(index)
+            return OK, fetcher.build(index)
+        return OK, fetcher.fetch(index)
     except StopIteration:
         if isinstance(fetcher, IterableFetcher):
-            return epoch, seq, EXHAUSTED, None
-        return epoch, seq, FAILED, _failure(RuntimeError("StopIteration raised"), spec, index)
+            return EXHAUSTED, None
+        return FAILED, _failure(RuntimeError("StopIteration raised"), spec, index)
     except Exception as exc:
-        return epoch, seq, FAILED, _failure(exc, spec, index)
+        return FAILED, _failure(exc, spec, index)
 
 
 def _failure(exc: BaseException, spec: WorkerSpec, index: Any) -> WorkerFailure:
