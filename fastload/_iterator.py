@@ -87,6 +87,12 @@ class LoaderIterator:
         self._persistent = loader.persistent_workers
         self._timeout = loader.timeout
         self._collate_fn = loader.collate_fn
+        if loader.pin_memory and loader.pin_memory_device:
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the "
+                f"device,ignore pin_memory_device='{loader.pin_memory_device}'.",
+                stacklevel=3,
+            )
         if loader.pin_memory and not torch.cuda.is_available():
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, "
@@ -101,6 +107,7 @@ class LoaderIterator:
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
         self._num_yielded = 0
+        self._owner_pid = os.getpid()
         self._engine: Engine | None = None
         self._arena: SlotArena | None = None
         self._codec: SlotCodec | None = None
@@ -145,7 +152,7 @@ class LoaderIterator:
             num_workers=self._num_workers,
             max_tasks=self._prefetch_factor * self._num_workers,
             in_order=self._in_order,
-            timeout_s=float(self._timeout),
+            timeout_s=self._timeout,
             restartable=not self._is_iterable,
             make_spec=_SpecFactory(template),
             codec=self._codec,
@@ -229,7 +236,7 @@ class LoaderIterator:
         try:
             status, value = self._engine.get(self._try_put)
         except FastloadError:
-            self._shutdown()  # a dead worker or a timeout: this epoch cannot go on
+            self._shutdown(join_s=0.1)  # a dead or hung worker: this epoch cannot go on
             raise
         if status == DONE:
             if not self._persistent:
@@ -264,11 +271,16 @@ class LoaderIterator:
         """The pids of the current worker processes (a replaced worker has a new pid)."""
         return self._engine.worker_pids if self._engine is not None else []
 
-    def _shutdown(self) -> None:
-        """Stop the workers (NOTE [shutdown order] in ``_engine/_pool.py``). Idempotent."""
+    def _shutdown(self, join_s: float = 2.0) -> None:
+        """Stop the workers (NOTE [shutdown order] in ``_engine/_pool.py``). Idempotent. In a
+        process that merely inherited this iterator (a forked worker of another loader) it only
+        drops the references: the workers and slots belong to the process that made them."""
+        if os.getpid() != self._owner_pid:
+            self._engine = self._arena = None
+            return
         engine, self._engine = self._engine, None
         if engine is not None:
-            engine.close()
+            engine.close(join_s)
         arena, self._arena = self._arena, None
         if arena is not None:
             arena.close()
@@ -277,7 +289,7 @@ class LoaderIterator:
         self._shutdown()
 
     def __getstate__(self) -> Any:
-        raise TypeError(f"{type(self).__name__} cannot be pickled")
+        raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
 
 
 class _ColumnarFetcher:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.utils.data
 
 from fastload._iterator import LoaderIterator
 
 
-class DataLoader(torch.utils.data.DataLoader):
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in replacement for :class:`torch.utils.data.DataLoader`.
 
     Same constructor (signature, defaults, positional order and validation errors), same
@@ -120,6 +123,7 @@ class DataLoader(torch.utils.data.DataLoader):
         )
 
     def _get_iterator(self) -> Any:
+        self.check_worker_number_rationality()
         it = LoaderIterator(self)
         self._last_it = weakref.ref(it)
         return it

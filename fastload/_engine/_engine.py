@@ -101,7 +101,7 @@ class Engine:
         num_workers: int,
         max_tasks: int,
         in_order: bool,
-        timeout_s: float,
+        timeout_s: float,  # as the user gave it: the error message quotes it unchanged
         restartable: bool,
         make_spec: Callable[[int, int], WorkerSpec],
         codec: Codec | None = None,
@@ -255,13 +255,14 @@ class Engine:
         for task in lost:
             self._send(wid, task)
 
-    def close(self) -> None:
-        """Stop the workers, then free what undelivered tasks hold; see NOTE [shutdown order] in
-        ``_pool.py``. Idempotent."""
+    def close(self, join_s: float = 2.0) -> None:
+        """Stop the workers (waiting up to ``join_s`` for them to finish their current task),
+        then free what undelivered tasks hold; see NOTE [shutdown order] in ``_pool.py``.
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown()
+        self._pool.shutdown(join_s)
         leftovers = [task for kind, task, _ in self._reorder.drain() if kind == OK]
         leftovers += [task for _, task in self._dispatch.reactivate_all()]
         leftovers += [task for _, task in self._stale.values()]

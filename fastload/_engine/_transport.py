@@ -22,18 +22,26 @@ import torch.multiprocessing  # noqa: F401  (registers the tensor reducers with 
 INLINE_BYTES = 16 * 1024
 
 
-def _rebuild_ndarray(tensor: torch.Tensor, dtype: np.dtype) -> np.ndarray:
-    return tensor.numpy().view(dtype)
+def _rebuild_ndarray(tensor: torch.Tensor, dtype: np.dtype, fortran: bool) -> np.ndarray:
+    arr = tensor.numpy().view(dtype)
+    return arr.T if fortran else arr
 
 
 def _reduce_ndarray(arr: np.ndarray) -> Any:
+    """Share a large numeric array's memory; it arrives as pickle would deliver it: a Fortran-
+    ordered array stays Fortran-ordered, any other layout becomes C-contiguous, and the result
+    is writeable."""
     if arr.nbytes >= INLINE_BYTES and arr.dtype.isnative and arr.dtype.kind in "biufc":
+        fortran = arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous
+        data = arr.T if fortran else arr
+        if not (data.flags.c_contiguous and data.flags.writeable):
+            data = np.array(data, order="C")
         try:
-            tensor = torch.from_numpy(np.array(arr, order="C", copy=not arr.flags.writeable))
+            tensor = torch.from_numpy(data)
         except TypeError:  # a dtype torch has no tensor type for
             pass
         else:
-            return _rebuild_ndarray, (tensor, arr.dtype)
+            return _rebuild_ndarray, (tensor, arr.dtype, fortran)
     return arr.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
 

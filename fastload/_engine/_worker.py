@@ -10,6 +10,7 @@ See the shutdown NOTE in ``_pool.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import random
@@ -134,8 +135,9 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progre
             task_epoch, seq, index = msg
             if exhausted:
                 continue  # the main process dropped this worker's tasks when it was told
-            if init_failure is not None:
-                reply: tuple[Any, ...] = (task_epoch, seq, FAILED, init_failure, 0.0, None)
+            if init_failure is not None:  # reported with the first task, as torch does
+                failure = dataclasses.replace(init_failure, index=index)
+                reply: tuple[Any, ...] = (task_epoch, seq, FAILED, failure, 0.0, None)
                 init_failure = None
             else:
                 progress[spec.worker_id] = seq
@@ -170,10 +172,10 @@ def _build(spec: WorkerSpec, fetcher: Any, index: Any) -> tuple[int, Any]:
         if spec.builder is not None:
             return OK, fetcher.build(index)
         return OK, fetcher.fetch(index)
-    except StopIteration:
+    except StopIteration as exc:
         if isinstance(fetcher, IterableFetcher):
             return EXHAUSTED, None
-        return FAILED, _failure(RuntimeError("StopIteration raised"), spec, index)
+        return FAILED, _failure(exc, spec, index)  # re-raised in next(): ends the epoch, as in torch
     except Exception as exc:
         return FAILED, _failure(exc, spec, index)
 
