@@ -1,0 +1,257 @@
+"""What both readers share: global indices over shards, per-process file handles, pickling as
+paths and options, and the map-style interface built on ``read_batch``.
+
+A subclass describes its files once, at construction in the parent process (fields, samples per
+shard), and knows how to open one shard in the current process (:meth:`_open_shard`). Nothing
+opened is ever pickled or shared across a fork: the first read in a new process, detected by a
+change of ``os.getpid()``, opens its own handles.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import Dataset
+
+from fastload._formats._cache import BlockCache
+from fastload._formats._columns import (
+    concat_columns,
+    empty_column,
+    group_positions,
+    inverse_permutation,
+    permute_column,
+    split_column,
+)
+from fastload._formats._validate import normalize_index, normalize_indices
+from fastload._types import Column, ColumnarBatch, Field
+from fastload.errors import DataFormatError
+
+# State that belongs to one process and is dropped when pickling.
+_PER_PROCESS = ("_process", "_lengths")
+
+
+class ShardReader(Protocol):
+    """One shard file opened in the current process."""
+
+    def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+        """The samples ``rows`` (shard-local, in range, any order, duplicates allowed) of
+        ``field``, in that order."""
+        ...
+
+    def lengths(self, field: str) -> npt.NDArray[np.int64]:
+        """Per-sample lengths of the ragged ``field``, without reading its payload."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _ProcessState:
+    """The shard readers opened by one process, opened on first use, and the cache of decoded
+    blocks they share."""
+
+    def __init__(self, num_shards: int, cache_bytes: int) -> None:
+        self.pid = os.getpid()
+        self.readers: list[ShardReader | None] = [None] * num_shards
+        self.cache: BlockCache[Any] = BlockCache(cache_bytes)
+        self.lock = threading.Lock()
+
+    def close(self) -> None:
+        for i, reader in enumerate(self.readers):
+            if reader is not None:
+                reader.close()
+                self.readers[i] = None
+
+
+class ShardedDataset(Dataset[dict[str, Any]]):
+    """Base class of the readers (see :class:`fastload.HDF5Dataset` for the contract)."""
+
+    #: Exceptions of the underlying library that a read may raise for a damaged file; they are
+    #: re-raised as :class:`DataFormatError` naming the file, the field and the samples.
+    _read_errors: ClassVar[tuple[type[BaseException], ...]] = (OSError,)
+
+    def __init__(
+        self,
+        files: Sequence[str | Path],
+        fields: dict[str, Field],
+        shard_sizes: Sequence[int],
+        length_field: str | None,
+        cache_bytes: int,
+    ) -> None:
+        self._files = [str(f) for f in files]
+        self._fields = dict(fields)
+        self._shard_starts = np.concatenate([[0], np.cumsum(shard_sizes, dtype=np.int64)])
+        self._num_samples = int(self._shard_starts[-1])
+        self._length_field = length_field
+        self._cache_bytes = cache_bytes
+        self._process: _ProcessState | None = None
+        self._lengths: npt.NDArray[np.int64] | None = None
+
+    # ---- what subclasses provide -------------------------------------------------------------
+
+    def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ShardReader:
+        """Open shard ``shard`` in this process; ``cache`` is this process's block cache."""
+        raise NotImplementedError
+
+    # ---- the public contract -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+    @property
+    def fields(self) -> dict[str, Field]:
+        """The fields read, in a stable order: the order asked for with ``fields=``, else the
+        order of the first file."""
+        return dict(self._fields)
+
+    @property
+    def length_field(self) -> str | None:
+        """The ragged field whose lengths :attr:`lengths` holds (``None`` if there is none)."""
+        return self._length_field
+
+    @property
+    def files(self) -> list[str]:
+        """The shard files, in the order their samples are numbered."""
+        return list(self._files)
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]:
+        """int64 ``[N]``: the number of elements of each sample of :attr:`length_field`.
+
+        Computed from index data only (offsets, ``/lengths``, vlen descriptors, Arrow list
+        offsets), never from the payload except for Parquet, which stores no offsets; cached for
+        the life of the process and read-only. A dataset without a ragged field has nothing
+        whose length varies: every sample counts as length 1, so length grouping changes
+        nothing and a token budget counts samples.
+        """
+        if self._lengths is None:
+            if self._length_field is None:
+                self._cache_lengths(np.ones(self._num_samples, np.int64))
+            else:
+                field = self._length_field
+                parts = [self._shard(s).lengths(field) for s in range(len(self._files))]
+                self._cache_lengths(np.concatenate(parts) if parts else np.empty(0, np.int64))
+        assert self._lengths is not None
+        return self._lengths
+
+    def _cache_lengths(self, lengths: npt.NDArray[np.int64]) -> None:
+        """Keep ``lengths`` for :attr:`lengths` (a subclass may have them from validating)."""
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        lengths.flags.writeable = False
+        self._lengths = lengths
+
+    def read_batch(self, indices: npt.ArrayLike) -> ColumnarBatch:
+        """Read the samples ``indices`` (a list or an integer array; any order, duplicates and
+        negative indices allowed) as one columnar batch, in the order of ``indices``:
+        :class:`~fastload._types.Ragged` per ragged field, a stacked array ``[B, *shape]`` per
+        fixed field, a list of ``str``/``bytes`` per object field. Every array is new and
+        writable. Raises ``IndexError`` for an index out of range, and
+        :class:`DataFormatError` naming the file, the field and the samples for a damaged
+        file."""
+        rows = normalize_indices(indices, self._num_samples)
+        if rows.size == 0:
+            return {name: empty_column(field) for name, field in self._fields.items()}
+        if len(self._files) == 1:
+            return {name: self._read(0, name, rows, rows) for name in self._fields}
+        shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
+        if shard[0] == shard[-1] and (shard == shard[0]).all():
+            s = int(shard[0])
+            local = rows - self._shard_starts[s]
+            return {name: self._read(s, name, local, rows) for name in self._fields}
+        return self._read_across_shards(rows, shard)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Sample ``index`` as ``{field: value}``: an array per ragged field, an array or numpy
+        scalar per fixed field, a ``str``/``bytes`` per object field."""
+        row = normalize_index(index, self._num_samples)
+        batch = self.read_batch(np.array([row], np.int64))
+        return {name: split_column(column)[0] for name, column in batch.items()}
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """The samples ``indices`` as a list of dicts, read in one vectorized pass (torch's
+        DataLoader calls this for a whole batch)."""
+        batch = self.read_batch(indices)
+        columns = {name: split_column(column) for name, column in batch.items()}
+        count = len(next(iter(columns.values()))) if columns else 0
+        return [{name: values[i] for name, values in columns.items()} for i in range(count)]
+
+    def close(self) -> None:
+        """Close this process's file handles; idempotent, and the next read reopens them."""
+        if self._process is not None and self._process.pid == os.getpid():
+            self._process.close()
+        self._process = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in _PER_PROCESS:
+            state[key] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{f.name}: {f.kind} {f.dtype}{list(f.shape)}" for f in self._fields.values()
+        )
+        return (
+            f"{type(self).__name__}({self._describe_files()}, {self._num_samples} samples,"
+            f" fields {{{fields}}})"
+        )
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _describe_files(self) -> str:
+        if len(self._files) == 1:
+            return self._files[0]
+        return f"{len(self._files)} shards {self._files[0]} .. {self._files[-1]}"
+
+    def _shard(self, shard: int) -> ShardReader:
+        process = self._process
+        if process is None or process.pid != os.getpid():
+            if process is not None:
+                # A forked child must not read through handles inherited from its parent (HDF5
+                # would serve the child's own open of the same file from that shared state);
+                # closing them here releases only the child's copies.
+                process.close()
+            process = self._process = _ProcessState(len(self._files), self._cache_bytes)
+        reader = process.readers[shard]
+        if reader is None:
+            with process.lock:
+                reader = process.readers[shard]
+                if reader is None:
+                    reader = process.readers[shard] = self._open_shard(shard, process.cache)
+        return reader
+
+    def _read(
+        self, shard: int, name: str, local: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+    ) -> Column:
+        try:
+            return self._shard(shard).read(name, local)
+        except DataFormatError:
+            raise  # already names the file, the field and the sample
+        except self._read_errors as exc:
+            shown = ", ".join(str(r) for r in rows[:8].tolist()) + (" ..." if len(rows) > 8 else "")
+            raise DataFormatError(
+                f"{self._files[shard]}: field {name!r}: reading samples [{shown}] failed:"
+                f" {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _read_across_shards(
+        self, rows: npt.NDArray[np.int64], shard: npt.NDArray[np.intp]
+    ) -> ColumnarBatch:
+        order, groups = group_positions(shard)
+        parts: dict[str, list[Column]] = {name: [] for name in self._fields}
+        for group in groups:
+            s = int(shard[group[0]])
+            group_rows = rows[group]
+            local = group_rows - self._shard_starts[s]
+            for name in self._fields:
+                parts[name].append(self._read(s, name, local, group_rows))
+        inverse = inverse_permutation(order)
+        return {name: permute_column(concat_columns(p), inverse) for name, p in parts.items()}

@@ -1,0 +1,125 @@
+"""One HDF5 file opened in the current process: the file, its memory map, a reader per field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h5py
+import numpy as np
+import numpy.typing as npt
+
+from fastload._formats._cache import BlockCache
+from fastload._formats._hdf5_columns import (
+    ArrayColumn,
+    H5Column,
+    OffsetsColumn,
+    RaggedH5Column,
+    StringColumn,
+    VlenColumn,
+)
+from fastload._formats._hdf5_heap import HeapReader
+from fastload._formats._hdf5_layout import LENGTHS_INDEX, H5Field
+from fastload._formats._hdf5_rows import open_rows
+from fastload._formats._hdf5_vlen import Descriptors
+from fastload._formats._mmap import FileMap
+from fastload._formats._sniff import describe, sniff
+from fastload._formats._validate import lengths_from_offsets
+from fastload._types import Column
+from fastload.errors import DataFormatError
+
+
+def open_h5(path: str) -> h5py.File:
+    """Open ``path`` read-only without file locking (which fails on many network file systems
+    and is pointless for a reader), or raise :class:`DataFormatError` saying what the file is
+    instead."""
+    fmt = sniff(path)
+    if fmt != "hdf5":
+        raise DataFormatError(f"{path}: not an HDF5 file: it is {describe(fmt)}")
+    try:
+        try:
+            return h5py.File(path, "r", locking=False)
+        except OSError as exc:
+            # HDF5 shares one open file per process and refuses a second open whose locking
+            # flag differs from the first; if the caller already has it open, follow suit.
+            if "locking" not in str(exc):
+                raise
+            return h5py.File(path, "r")
+    except OSError as exc:
+        raise DataFormatError(
+            f"{path}: has an HDF5 signature but cannot be opened; it is truncated or damaged ({exc})"
+        ) from exc
+
+
+class H5Shard:
+    """One HDF5 file opened in the current process, with a reader per field."""
+
+    def __init__(
+        self, path: str, shard: int, fields: dict[str, H5Field], cache: BlockCache[Any]
+    ) -> None:
+        self._path = path
+        self._file = open_h5(path)
+        self._map = FileMap(path)
+        try:
+            self._columns: dict[str, H5Column] = {}
+            self._ragged: dict[str, RaggedH5Column] = {}
+            for name, spec in fields.items():
+                self._columns[name] = self._open_column(spec, shard, cache)
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+        return self._columns[field].read(rows)
+
+    def release_unused_file(self) -> None:
+        """Close the HDF5 file if every field is read through the memory map alone, so that
+        the fast path holds no HDF5 state at all (the map stays open)."""
+        if not any(column.uses_hdf5 for column in self._columns.values()):
+            self._file.close()
+
+    def lengths(self, field: str) -> npt.NDArray[np.int64]:
+        return self._ragged[field].lengths()
+
+    def checked_lengths(self, field: str, spec: H5Field) -> npt.NDArray[np.int64]:
+        """Lengths of the ragged ``field`` after validating its offsets (fastload layout)."""
+        if spec.storage != "offsets":
+            return self.lengths(field)
+        group = self._file[spec.path]
+        offsets = open_rows(group["offsets"], self._map, BlockCache(0), "offsets").read_all()
+        where = f"{self._path}: field {field!r} ({spec.path}/offsets)"
+        return lengths_from_offsets(offsets, group["values"].shape[0], where=where)
+
+    def lengths_index(self) -> npt.NDArray[np.integer]:
+        dset = self._file[LENGTHS_INDEX]
+        if dset.ndim != 1 or dset.dtype.kind not in "iu":
+            raise DataFormatError(
+                f"{self._path}: /{LENGTHS_INDEX} has dtype {dset.dtype} and shape {dset.shape};"
+                " expected int64 [N]"
+            )
+        return np.asarray(dset[...])
+
+    def close(self) -> None:
+        self._map.close()
+        if self._file.id.valid:
+            self._file.close()
+
+    def _open_column(self, spec: H5Field, shard: int, cache: BlockCache[Any]) -> H5Column:
+        obj = self._file.get(spec.path)
+        if obj is None:
+            raise DataFormatError(f"{self._path}: {spec.path} has disappeared since construction")
+        if spec.storage == "offsets":
+            values = open_rows(obj["values"], self._map, cache, (shard, spec.path, "values"))
+            offsets = open_rows(obj["offsets"], self._map, cache, (shard, spec.path, "offsets"))
+            column = self._ragged[spec.field.name] = OffsetsColumn(values, offsets)
+            return column
+        if spec.storage in ("vlen", "string"):
+            variable = spec.storage == "vlen" or h5py.check_string_dtype(obj.dtype).length is None
+            descriptors = (
+                Descriptors.open(obj, self._map, cache, (shard, spec.path)) if variable else None
+            )
+            heap = HeapReader.open(obj, self._map, descriptors, cache.capacity_bytes)
+            if spec.storage == "string":
+                return StringColumn(obj, spec.text, heap)
+            vlen = self._ragged[spec.field.name] = VlenColumn(obj, descriptors, heap)
+            return vlen
+        return ArrayColumn(open_rows(obj, self._map, cache, (shard, spec.path)))

@@ -1,0 +1,79 @@
+"""Turning the ``path`` argument of a reader into the ordered list of shard files it names."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Union
+
+from fastload.errors import DataFormatError
+
+PathArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def files_in_directory(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """The files of ``directory`` (not recursive) whose names end in one of ``suffixes``, sorted;
+    raises :class:`DataFormatError` when there is none."""
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(suffixes))
+    if not files:
+        raise DataFormatError(
+            f"{directory}: the directory holds no file ending in {', '.join(suffixes)}"
+        )
+    return files
+
+
+def resolve_paths(path: PathArg, *, expand_directory: Callable[[Path], list[Path]]) -> list[Path]:
+    """Return the shard files ``path`` names, as absolute paths, in the order they form one
+    dataset.
+
+    * A single existing file is one shard.
+    * A string containing ``*``, ``?`` or ``[`` (and naming no existing file) is a glob; its
+      matches are sorted by path (a matching directory is expanded as below), and ``**``
+      recurses.
+    * A directory stands for the files ``expand_directory(directory)`` returns.
+    * A list or tuple is the concatenation of its items, each resolved as above, in the given
+      order (a list is an explicit order; only globs and directories are sorted).
+
+    Raises :class:`DataFormatError` for a missing file, a glob that matches nothing, or an empty
+    list (and whatever ``expand_directory`` raises for a directory).
+    """
+    if isinstance(path, (str, os.PathLike)):
+        return _resolve_one(path, expand_directory)
+    if not isinstance(path, Sequence):
+        raise TypeError(f"path must be a str, a Path, or a list of them; got {type(path).__name__}")
+    if len(path) == 0:
+        raise DataFormatError("path is an empty list: it must name at least one file")
+    resolved: list[Path] = []
+    for item in path:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"each path in the list must be a str or a Path; got {item!r}")
+        resolved.extend(_resolve_one(item, expand_directory))
+    return resolved
+
+
+def _resolve_one(
+    item: str | os.PathLike[str], expand_directory: Callable[[Path], list[Path]]
+) -> list[Path]:
+    text = os.fspath(item)
+    # Absolute, so that worker processes started elsewhere (a forkserver) find the same files.
+    candidate = Path(text).expanduser().absolute()
+    if candidate.is_file():
+        return [candidate]
+    if candidate.is_dir():
+        return expand_directory(candidate)
+    if _GLOB_CHARS.intersection(text):
+        files: list[Path] = []
+        pattern = os.path.expanduser(text)
+        for match in sorted(Path(p).absolute() for p in glob.glob(pattern, recursive=True)):
+            if match.is_file():
+                files.append(match)
+            elif match.is_dir():
+                files.extend(expand_directory(match))
+        if not files:
+            raise DataFormatError(f"the glob {text!r} matches no file")
+        return files
+    raise DataFormatError(f"{candidate}: no such file or directory")
