@@ -6,15 +6,29 @@ Everything public is re-exported here; every other module is private.
 from __future__ import annotations
 
 from fastload import errors
+from fastload._collate import MicroBatch, PadCollate, split_microbatches
 from fastload._formats import ArrowDataset, HDF5Dataset
 from fastload._loader import DataLoader
+from fastload._sampling import (
+    BatchSizeWarmup,
+    LengthGroupedBatchSampler,
+    MixtureBatchSampler,
+    WeightedLengthGroupedSampler,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrowDataset",
+    "BatchSizeWarmup",
     "DataLoader",
     "HDF5Dataset",
+    "LengthGroupedBatchSampler",
+    "MicroBatch",
+    "MixtureBatchSampler",
+    "PadCollate",
+    "WeightedLengthGroupedSampler",
     "__version__",
     "errors",
+    "split_microbatches",
 ]

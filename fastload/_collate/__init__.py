@@ -1,0 +1,9 @@
+"""Collation (layer 2): pad ragged fields, stack fixed ones, masks and lengths — into arrays the
+caller provides — and split batches into micro-batches for gradient accumulation."""
+
+from __future__ import annotations
+
+from fastload._collate._microbatch import MicroBatch, split_microbatches
+from fastload._collate._pad import Layout, PadCollate
+
+__all__ = ["Layout", "MicroBatch", "PadCollate", "split_microbatches"]

@@ -1,0 +1,325 @@
+"""``PadCollate``: pad ragged fields to the batch's longest row, stack fixed fields.
+
+Works on a columnar batch (a reader's ``read_batch``) and on a list of sample dicts (a
+``collate_fn`` for torch's DataLoader). For the engine's zero-copy path the work is split in
+two: ``layout`` says which arrays the batch needs without allocating anything, and
+``collate_into`` fills arrays the caller provides (views of shared memory). ``__call__`` is
+those two plus an allocation and ``torch.from_numpy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from fastload._collate._columnar import samples_to_columnar
+from fastload._collate._kernels import pad_into
+from fastload._types import Column, Field, Ragged
+from fastload.errors import DataFormatError, FieldNotFoundError
+
+#: A columnar batch as PadCollate reads it (``Columns``, or any mapping like it).
+Columns = Mapping[str, Column]
+#: Output name → (shape, numpy dtype) of every array ``collate_into`` writes.
+Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
+Scalar = bool | int | float
+
+MASK_NAME = "attention_mask"
+LENGTHS_NAME = "lengths"
+PADDING_SIDES = ("right", "left")
+
+
+def _numpy_dtype(option: str, dtype: torch.dtype) -> np.dtype:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{option} must be a torch.dtype; got {dtype!r}")
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError as error:
+        raise ValueError(
+            f"{option}={dtype} has no numpy equivalent for the shared-memory batch; collate to "
+            "torch.float32 and convert on the device"
+        ) from error
+
+
+def _check_pad_value(option: str, value: object) -> Scalar:
+    if not isinstance(value, (bool, int, float, np.integer, np.floating)):
+        raise TypeError(f"{option} must be a number; got {value!r}")
+    return value.item() if isinstance(value, np.generic) else value
+
+
+@dataclass(frozen=True)
+class _RaggedOut:
+    """How one ragged field of one batch is written."""
+
+    name: str
+    column: Ragged
+    kept: npt.NDArray[np.int64]  # row lengths after truncation to max_length
+    width: int  # padded length: the longest kept row, rounded up to the multiple
+    dtype: np.dtype
+    pad_value: Scalar
+    lengths_name: str
+    mask_name: str | None
+
+
+class PadCollate:
+    """Pads each ragged field to its longest row in the batch and stacks the fixed fields.
+
+    Returns a dict of tensors:
+
+    * each ragged field as ``[B, L, *element shape]``, ``L`` being the batch's longest row
+      (after ``max_length``) rounded up to ``pad_to_multiple_of``, filled with ``pad_value``
+      beyond each row (``padding_side="left"`` puts the padding first);
+    * for the *primary* ragged field (``primary``, else the first ragged field):
+      ``attention_mask`` ``[B, L]`` (``mask_dtype``, 1 on real elements) and ``lengths`` ``[B]``
+      (int64, after truncation); every other ragged field ``x`` gets ``x_lengths`` ``[B]``
+      (its mask is ``torch.arange(L) < x_lengths[:, None]``, reversed for left padding);
+    * each fixed field stacked as ``[B, *shape]`` in its own dtype;
+    * object fields (``str``/``bytes``) as Python lists.
+
+    Options: ``pad_value`` and ``dtype`` (the output dtype of padded values, e.g.
+    ``torch.int64`` token ids for an embedding, so no conversion follows) may be one value or a
+    mapping from field name to value (fields not in the mapping: pad 0, dtype as stored).
+    ``max_length`` keeps the first ``max_length`` elements of each row. ``fields`` selects the
+    fields to output (default: all).
+
+    A columnar batch says which fields are ragged. For a list of sample dicts, ``ragged`` names
+    them — or pass the dataset's ``fields`` mapping (``ragged=ds.fields``). Without it, a 1-D
+    value (list, tuple, 1-D array or tensor) is ragged, any other array or scalar fixed, and a
+    ``str``/``bytes`` an object; so ragged fields with elements of their own (audio frames
+    ``[T, 80]``) and fixed 1-D vectors need ``ragged=``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pad_value: Scalar | Mapping[str, Scalar] = 0,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str = "right",
+        dtype: torch.dtype | Mapping[str, torch.dtype] | None = None,
+        max_length: int | None = None,
+        mask_dtype: torch.dtype = torch.int64,
+        fields: Sequence[str] | None = None,
+        primary: str | None = None,
+        ragged: Collection[str] | Mapping[str, Field] | None = None,
+    ) -> None:
+        if isinstance(pad_value, Mapping):
+            self._pad_values = {
+                str(name): _check_pad_value(f"pad_value[{name!r}]", value)
+                for name, value in pad_value.items()
+            }
+            self._pad_default: Scalar = 0
+        else:
+            self._pad_values = {}
+            self._pad_default = _check_pad_value("pad_value", pad_value)
+        self._multiple = _optional_positive("pad_to_multiple_of", pad_to_multiple_of) or 1
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side must be 'right' or 'left'; got {padding_side!r}")
+        self._left = padding_side == "left"
+        if isinstance(dtype, Mapping):
+            self._dtypes = {
+                str(name): _numpy_dtype(f"dtype[{name!r}]", value) for name, value in dtype.items()
+            }
+            self._dtype_default: np.dtype | None = None
+        else:
+            self._dtypes = {}
+            self._dtype_default = None if dtype is None else _numpy_dtype("dtype", dtype)
+        self._max_length = _optional_positive("max_length", max_length)
+        self._mask_dtype = _numpy_dtype("mask_dtype", mask_dtype)
+        self._fields = None if fields is None else _names("fields", fields)
+        if primary is not None and not isinstance(primary, str):
+            raise TypeError(f"primary must be a field name or None; got {primary!r}")
+        self._primary = primary
+        if isinstance(ragged, Mapping):  # a dataset's ``fields``: name -> Field
+            ragged = [name for name, field in ragged.items() if field.kind == "ragged"]
+        self._ragged = None if ragged is None else frozenset(_names("ragged", ragged))
+        self._checked: set[tuple[str, np.dtype, np.dtype]] = set()  # (field, stored, output)
+
+    # -- the two halves of the zero-copy path -----------------------------------------------
+
+    def layout(self, batch: Columns) -> Layout:
+        """Name → (shape, numpy dtype) of each array ``collate_into(batch, ...)`` writes;
+        allocates nothing. Object fields are not arrays and not listed."""
+        return self._layout(*self._plan(batch))
+
+    def collate_into(self, batch: Columns, out: Mapping[str, np.ndarray]) -> None:
+        """Write the padded batch into ``out``, whose arrays must match ``layout(batch)``
+        exactly (names, shapes, dtypes); object fields are not written."""
+        columns, ragged, rows = self._plan(batch)
+        expected = self._layout(columns, ragged, rows)
+        if set(out) != set(expected):
+            raise ValueError(f"collate_into needs arrays {sorted(expected)}; got {sorted(out)}")
+        for name, (shape, dtype) in expected.items():
+            if out[name].shape != shape or out[name].dtype != dtype:
+                raise ValueError(
+                    f"collate_into: array {name!r} must have shape {shape} and dtype {dtype}; "
+                    f"got {out[name].shape} {out[name].dtype}"
+                )
+        for name, column in columns.items():
+            if isinstance(column, np.ndarray):
+                np.copyto(out[name], column)
+        for spec in ragged:
+            pad_into(
+                spec.column.values,
+                spec.column.lengths,
+                spec.kept,
+                out[spec.name],
+                pad_value=spec.pad_value,
+                left=self._left,
+                mask_out=None if spec.mask_name is None else out[spec.mask_name],
+            )
+            out[spec.lengths_name][...] = spec.kept
+
+    def __call__(self, batch: Columns | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Collate a columnar batch or a list of sample dicts into a dict of tensors (and lists
+        for object fields)."""
+        columnar = (
+            batch if isinstance(batch, Mapping) else samples_to_columnar(batch, ragged=self._ragged)
+        )
+        arrays = {
+            name: np.empty(shape, dtype=dtype)
+            for name, (shape, dtype) in self.layout(columnar).items()
+        }
+        self.collate_into(columnar, arrays)
+        result: dict[str, Any] = {}
+        for name, column in self._select(columnar).items():  # keep the batch's field order
+            result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
+        for name, array in arrays.items():  # then the generated masks and lengths
+            if name not in result:
+                result[name] = torch.from_numpy(array)
+        return result
+
+    # -- planning one batch --------------------------------------------------------------------
+
+    def _select(self, batch: Columns) -> Columns:
+        if self._fields is None:
+            return batch
+        missing = [name for name in self._fields if name not in batch]
+        if missing:
+            raise FieldNotFoundError(
+                f"PadCollate(fields=...) names {missing}, which the batch lacks; it has "
+                f"{sorted(batch)}"
+            )
+        return {name: batch[name] for name in self._fields}
+
+    def _layout(self, columns: Columns, ragged: list[_RaggedOut], rows: int) -> Layout:
+        specs = {spec.name: spec for spec in ragged}
+        layout: Layout = {}
+        for name, column in columns.items():  # the fields first, in the batch's order
+            if isinstance(column, np.ndarray):
+                layout[name] = ((rows, *column.shape[1:]), column.dtype)
+            elif name in specs:
+                spec = specs[name]
+                layout[name] = ((rows, spec.width, *spec.column.values.shape[1:]), spec.dtype)
+        for spec in ragged:  # then the masks and lengths they generate
+            if spec.mask_name is not None:
+                layout[spec.mask_name] = ((rows, spec.width), self._mask_dtype)
+            layout[spec.lengths_name] = ((rows,), np.dtype(np.int64))
+        return layout
+
+    def _plan(self, batch: Columns) -> tuple[Columns, list[_RaggedOut], int]:
+        """The selected columns, how each ragged one is written, and the batch size."""
+        columns = self._select(batch)
+        rows = _batch_size(columns)
+        ragged_names = [name for name, column in columns.items() if isinstance(column, Ragged)]
+        primary = self._primary
+        if primary is None:
+            primary = ragged_names[0] if ragged_names else None
+        elif primary not in ragged_names:
+            raise FieldNotFoundError(
+                f"PadCollate(primary={primary!r}) is not a ragged field of the batch; its ragged "
+                f"fields are {ragged_names}"
+            )
+        specs = []
+        for name in ragged_names:
+            column = columns[name]
+            assert isinstance(column, Ragged)
+            specs.append(self._ragged_out(name, column, primary=name == primary))
+        _check_names(columns, specs)
+        return columns, specs, rows
+
+    def _ragged_out(self, name: str, column: Ragged, *, primary: bool) -> _RaggedOut:
+        lengths = np.asarray(column.lengths, dtype=np.int64)
+        kept = lengths if self._max_length is None else np.minimum(lengths, self._max_length)
+        longest = int(kept.max()) if kept.size else 0
+        width = -(-longest // self._multiple) * self._multiple
+        stored = column.values.dtype
+        default = stored if self._dtype_default is None else self._dtype_default
+        dtype = np.dtype(self._dtypes.get(name, default))
+        pad_value = self._pad_values.get(name, self._pad_default)
+        if (name, stored, dtype) not in self._checked:  # the same every batch: check once
+            if not np.can_cast(stored, dtype, casting="same_kind"):
+                raise ValueError(
+                    f"field {name!r} holds {stored}, which dtype={dtype} cannot hold without "
+                    "changing kind (e.g. float to int); pick a dtype of the same kind"
+                )
+            _check_representable(name, pad_value, dtype)
+            self._checked.add((name, stored, dtype))
+        return _RaggedOut(
+            name=name,
+            column=column,
+            kept=kept,
+            width=width,
+            dtype=dtype,
+            pad_value=pad_value,
+            lengths_name=LENGTHS_NAME if primary else f"{name}_{LENGTHS_NAME}",
+            mask_name=MASK_NAME if primary else None,
+        )
+
+
+def _optional_positive(option: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{option} must be an integer >= 1 or None; got {value!r}")
+    return int(value)
+
+
+def _names(option: str, names: Collection[str]) -> list[str]:
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"{option} must be a sequence of field names; got {names!r}")
+    return list(names)
+
+
+def _batch_size(columns: Columns) -> int:
+    sizes = {}
+    for name, column in columns.items():
+        if isinstance(column, Ragged):
+            sizes[name] = int(column.lengths.shape[0])
+            if column.values.shape[0] != int(column.lengths.sum()):
+                raise DataFormatError(
+                    f"ragged field {name!r} has {column.values.shape[0]} values but its lengths "
+                    f"add up to {int(column.lengths.sum())}"
+                )
+        else:
+            sizes[name] = len(column)
+    if len(set(sizes.values())) > 1:
+        raise DataFormatError(f"the fields of the batch disagree on its size: {sizes}")
+    return next(iter(sizes.values()), 0)
+
+
+def _check_names(columns: Columns, specs: list[_RaggedOut]) -> None:
+    generated = [spec.lengths_name for spec in specs]
+    generated += [spec.mask_name for spec in specs if spec.mask_name is not None]
+    clashes = sorted(set(generated) & set(columns))
+    if clashes:
+        raise ValueError(
+            f"the batch has fields named {clashes}, which PadCollate generates itself; leave "
+            "them out with fields=[...] (the mask and lengths are rebuilt from the padding)"
+        )
+
+
+def _check_representable(name: str, pad_value: Scalar, dtype: np.dtype) -> None:
+    kind = np.dtype(dtype).kind
+    if kind in "iu":
+        info = np.iinfo(dtype)
+        if float(pad_value) != int(pad_value) or not info.min <= int(pad_value) <= info.max:
+            raise ValueError(
+                f"pad_value {pad_value!r} for field {name!r} does not fit its dtype {dtype} "
+                f"({info.min}..{info.max}); pass dtype= (e.g. torch.int64) or another pad_value"
+            )
+    elif kind == "b" and pad_value not in (0, 1):
+        raise ValueError(f"pad_value {pad_value!r} for boolean field {name!r} must be 0 or 1")
