@@ -8,6 +8,7 @@ the lengths. Baselines are what users write today; ``fastload`` is ``fastload.Da
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -199,10 +200,8 @@ class PeakPss:
         while not self._stop.is_set():
             total = 0
             for p in [me, *me.children(recursive=True)]:
-                try:
+                with contextlib.suppress(psutil.Error, OSError):  # a child that just exited
                     total += p.memory_full_info().pss
-                except (psutil.Error, OSError):
-                    pass
             self.peak = max(self.peak, total)
             self._stop.wait(0.02)
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from _engine_harness import LOADERS, PeakPss, batch_plan, in_ram_limit, run, write_corpus
 
 SIZES = {"smoke": (8_000, 40, 1), "full": (200_000, 300, 5)}  # samples, batches, rounds
@@ -33,8 +32,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, bench_size: str) -> tuple[P
 
 
 def _table(title: str, header: list[str], rows: list[list[Any]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths)) + " |"  # noqa: E731
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    line = lambda r: "| " + " | ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([f"\n{title}", line(header), sep, *map(line, rows)])
 

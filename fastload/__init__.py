@@ -9,6 +9,13 @@ from fastload import errors
 from fastload._collate import MicroBatch, PadCollate, split_microbatches
 from fastload._formats import ArrowDataset, HDF5Dataset
 from fastload._loader import DataLoader
+from fastload._metrics import (
+    BatchSizeReport,
+    LoaderStats,
+    MemoryEstimate,
+    estimate_memory,
+    find_batch_size,
+)
 from fastload._sampling import (
     BatchSizeWarmup,
     LengthGroupedBatchSampler,
@@ -20,15 +27,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrowDataset",
+    "BatchSizeReport",
     "BatchSizeWarmup",
     "DataLoader",
     "HDF5Dataset",
     "LengthGroupedBatchSampler",
+    "LoaderStats",
+    "MemoryEstimate",
     "MicroBatch",
     "MixtureBatchSampler",
     "PadCollate",
     "WeightedLengthGroupedSampler",
     "__version__",
     "errors",
+    "estimate_memory",
+    "find_batch_size",
     "split_microbatches",
 ]

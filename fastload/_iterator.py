@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
 import multiprocessing
 import os
+import time
 import warnings
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +28,10 @@ from fastload._device import DevicePrefetcher, cuda_device, page_lock, pin_tree
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
 from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
+from fastload._metrics import AutoTuner, LoaderStats, StallMeter, available_cores
 from fastload.errors import FastloadError
+
+_log = logging.getLogger("fastload")
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader as TorchDataLoader
@@ -74,6 +80,26 @@ class _SpecFactory:
         return dataclasses.replace(self.template, worker_id=worker_id, epoch=epoch)
 
 
+def _batch_counts(batch: Any) -> tuple[int, int | None, int | None]:
+    """Rows, real tokens and padded tokens of a host batch: exact for ``PadCollate`` output
+    (``lengths`` and ``attention_mask``), rows only for anything else."""
+    if isinstance(batch, dict):
+        lengths, mask = batch.get("lengths"), batch.get("attention_mask")
+        if isinstance(lengths, torch.Tensor) and isinstance(mask, torch.Tensor) and lengths.ndim == 1:
+            return len(lengths), int(lengths.sum()), mask.numel()
+        values = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        values = [batch]
+    for v in values:
+        if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim:
+            return int(v.shape[0]), None, None
+        if isinstance(v, (list, tuple, dict)):
+            return _batch_counts(v)
+    return 1, None, None
+
+
 class LoaderIterator:
     def __init__(self, loader: TorchDataLoader) -> None:
         self._dataset = loader.dataset
@@ -108,6 +134,18 @@ class LoaderIterator:
         )
         self._num_yielded = 0
         self._owner_pid = os.getpid()
+        self._meter: StallMeter = getattr(loader, "_meter", None) or StallMeter()
+        self._log_every_s: float | None = getattr(loader, "log_every_s", None)
+        self._logged_at = time.monotonic()
+        self._counts: deque[tuple[int, int | None, int | None]] = deque()  # per host batch
+        self._epoch_ended = False
+        self._last_fields: dict[str, Any] = {}
+        self._epoch_done: Any = getattr(loader, "_on_epoch_end", None)
+        self._report_final: Any = getattr(loader, "_on_shutdown", None)
+        self._bar: Any = None
+        self._tuner: AutoTuner | None = None
+        self._skip_refills = 0  # after a worker retires: fewer tasks in flight
+        self._progress = bool(getattr(loader, "progress", False))
         self._engine: Engine | None = None
         self._arena: SlotArena | None = None
         self._codec: SlotCodec | None = None
@@ -156,14 +194,18 @@ class LoaderIterator:
             restartable=not self._is_iterable,
             make_spec=_SpecFactory(template),
             codec=self._codec,
+            max_workers=available_cores() if getattr(loader, "auto_workers", False) else None,
         )
+        if getattr(loader, "auto_workers", False):
+            self._tuner = AutoTuner(min_workers=1, memory_ok=_memory_ok)
 
     def _new_arena(self, loader: TorchDataLoader) -> SlotArena:
         rows, max_tokens = _plan_rows_and_tokens(loader)
+        reader: Any = self._dataset
         slot_bytes = slot_bytes_bound(
             self._fast_collate,
-            self._dataset.fields,
-            np.asarray(self._dataset.lengths),
+            reader.fields,
+            np.asarray(reader.lengths),
             rows=rows,
             max_tokens=max_tokens,
         )
@@ -202,12 +244,23 @@ class LoaderIterator:
     def __next__(self) -> Any:
         if self._sampler_iter is None:
             raise StopIteration
-        if self._device is not None:
-            if self._on_device is None:
-                self._on_device = iter(DevicePrefetcher(_HostBatches(self), self._device))
-            data = next(self._on_device)
-        else:
-            data = self._next_data()
+        self._meter.begin_wait()
+        try:
+            if self._device is not None:
+                if self._on_device is None:
+                    self._on_device = iter(DevicePrefetcher(_HostBatches(self), self._device))
+                data = next(self._on_device)
+            else:
+                data = self._next_data()
+        except StopIteration:
+            self._end_epoch()
+            raise
+        self._meter.end_wait(*self._counts.popleft())
+        if self._progress:
+            self._tick()
+        if self._log_every_s is not None and time.monotonic() - self._logged_at >= self._log_every_s:
+            self._logged_at = time.monotonic()
+            _log.info("%s", self.stats())
         self._num_yielded += 1
         if (
             self._is_iterable
@@ -228,6 +281,11 @@ class LoaderIterator:
         return data
 
     def _next_data(self) -> Any:
+        data = self._next_host_batch()
+        self._counts.append(_batch_counts(data))
+        return data
+
+    def _next_host_batch(self) -> Any:
         if self._engine is None:
             if self._num_workers > 0:
                 raise StopIteration  # shut down after an error or at the end of the epoch
@@ -242,10 +300,82 @@ class LoaderIterator:
             if not self._persistent:
                 self._shutdown()
             raise StopIteration
-        self._try_put()
+        if self._skip_refills:
+            self._skip_refills -= 1
+        else:
+            self._try_put()
+        if self._tuner is not None:
+            self._tune()
         if status == FAILED:
             raise value
         return pin_tree(value) if self._pin and self._arena is None else value
+
+    def _tune(self) -> None:
+        """``num_workers="auto"``: let the tuner add or retire a worker. Only the speed changes:
+        the batch plan and the delivery order do not depend on the worker count."""
+        engine, tuner = self._engine, self._tuner
+        assert engine is not None and tuner is not None
+        decision = tuner.observe(
+            wait_s=self._meter.wait_s, step_s=self._meter.step_s, busy_s=engine.busy_total_s
+        )
+        if decision == "add":
+            engine.add_worker()
+            self._num_workers = engine.num_workers
+            for _ in range(self._prefetch_factor):
+                self._try_put()
+        elif decision == "retire":
+            engine.retire_worker()
+            self._num_workers = tuner.num_workers
+            self._skip_refills += self._prefetch_factor
+
+    # -- statistics ---------------------------------------------------------------------------
+    def _tick(self) -> None:
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=len(self) if hasattr(self._index_sampler, "__len__") else None, unit="batch")
+        self._bar.update(1)
+        if self._bar.n % 20 == 1:
+            snap = self._meter.snapshot(scope="epoch")
+            self._bar.set_postfix(samples_s=f"{snap.samples_per_s:,.0f}", stall=f"{snap.stall_fraction:.1%}", refresh=False)
+
+    def _end_epoch(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if not self._epoch_ended:
+            self._epoch_ended = True
+            summary = self.stats(scope="epoch")
+            self._meter.end_epoch()
+            if self._epoch_done is not None:
+                self._epoch_done(summary)
+
+    def stats(self, scope: str = "run") -> LoaderStats:
+        """A snapshot of the loader's timing (see :class:`~fastload.LoaderStats`): the consumer's
+        wait and step, stall fraction, throughput, padding, and the engine's queue, slots,
+        per-worker busy fractions, respawns and retries (as they were at shutdown, once the
+        workers are gone)."""
+        fields = self._engine_fields() if self._engine is not None else dict(self._last_fields)
+        skipped = getattr(self._index_sampler, "skipped", None)
+        if isinstance(skipped, int):
+            fields["skipped_samples"] = skipped
+        return self._meter.snapshot(scope=scope, num_workers=self._num_workers, **fields)
+
+    def _engine_fields(self) -> dict[str, Any]:
+        engine = self._engine
+        assert engine is not None
+        wall = max(1e-9, time.monotonic() - engine.started)
+        busy = sum(engine.busy_s)
+        fields: dict[str, Any] = {
+            "queue_depth": engine.pending,
+            "worker_busy": tuple(min(1.0, b / wall) for b in engine.busy_s),
+            "worker_read_share": (sum(engine.read_s) / busy) if busy and self._codec else None,
+            "respawns": engine.respawns,
+            "retries": engine.retries,
+        }
+        if self._arena is not None:
+            fields["slots_in_use"] = self._arena.in_use
+        return fields
 
     # -- persistent workers and shutdown --------------------------------------------------------
     def _reset(self, loader: TorchDataLoader, first_iter: bool = False) -> None:
@@ -253,6 +383,8 @@ class LoaderIterator:
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
         self._on_device = None
+        self._counts.clear()
+        self._epoch_ended = False
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         if self._engine is None:
             self._start_engine(loader)
@@ -278,6 +410,10 @@ class LoaderIterator:
         if os.getpid() != self._owner_pid:
             self._engine = self._arena = None
             return
+        if self._engine is not None:
+            self._last_fields = self._engine_fields()
+            if self._report_final is not None:
+                self._report_final(dict(self._last_fields), self._num_workers)
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.close(join_s)
@@ -290,6 +426,12 @@ class LoaderIterator:
 
     def __getstate__(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")
+
+
+def _memory_ok() -> bool:
+    """Room for one more worker: at least 1 GiB of memory still available."""
+    available = available_memory_bytes()
+    return available is None or available > 1 << 30
 
 
 class _ColumnarFetcher:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import weakref
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch.utils.data
 
 from fastload._iterator import LoaderIterator
+from fastload._metrics import LoaderStats, StallMeter
+
+_log = logging.getLogger("fastload")
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -55,8 +59,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       of the available memory). The slots grow while the consumer keeps batches alive, up to
       this bound, then raise :class:`~fastload.errors.SharedMemoryError`.
 
-    ``iter(loader).worker_pids`` lists the current worker processes; ``state_dict()`` and
-    ``load_state_dict()`` resume a length-grouped epoch exactly where it stopped.
+    * ``num_workers="auto"``: start with one worker and tune the pool while training runs —
+      add a worker while the consumer waits for data more than 2 % of the time and a core and
+      1 GiB of memory are free, retire one when the workers idle. The batches and their order do
+      not depend on it; ``stats().num_workers`` reports the current count.
+    * ``log_every_s``: log :meth:`stats` through the ``logging`` module (logger ``"fastload"``,
+      level INFO) this often, and a summary at the end of each epoch.
+    * ``progress=True``: a tqdm progress bar with samples/s and the stall fraction.
+
+    ``loader.stats()`` answers "is my GPU waiting on data?" (see :class:`~fastload.LoaderStats`);
+    ``loader.epoch_stats`` keeps one summary per finished epoch. ``iter(loader).worker_pids``
+    lists the current worker processes; ``state_dict()`` and ``load_state_dict()`` resume a
+    length-grouped epoch exactly where it stopped.
     """
 
     def __init__(
@@ -66,7 +80,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         shuffle: bool | None = None,
         sampler: Any = None,
         batch_sampler: Any = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Any = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -84,7 +98,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         seed: int = 0,
         device: str | torch.device | None = None,
         max_shared_bytes: int | None = None,
+        log_every_s: float | None = None,
+        progress: bool = False,
     ) -> None:
+        if log_every_s is not None and not log_every_s > 0:
+            raise ValueError(f"log_every_s must be a positive number of seconds or None; got {log_every_s!r}")
+        if progress:
+            try:
+                import tqdm  # noqa: F401
+            except ImportError as exc:
+                raise ImportError("progress=True needs tqdm: pip install 'fastload[progress]'") from exc
+        self.auto_workers = num_workers == "auto"
+        if self.auto_workers:
+            num_workers = 1  # the engine starts with one and the tuner grows the pool
+        self.log_every_s = log_every_s
+        self.progress = progress
+        self.epoch_stats: list[LoaderStats] = []
+        self._meter = StallMeter()
+        self._final_fields: dict[str, Any] = {}  # the engine's figures when its workers stopped
+        self._final_workers = 0
         self.length_grouped = length_grouped
         self.max_tokens = max_tokens
         self.seed = seed
@@ -108,7 +140,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             shuffle,
             sampler,
             batch_sampler,
-            num_workers,
+            cast(int, num_workers),
             collate_fn,
             pin_memory,
             drop_last,
@@ -132,6 +164,26 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._begin_epoch()
         return super().__iter__()
 
+    # -- statistics ---------------------------------------------------------------------------
+    def stats(self, scope: str = "run") -> LoaderStats:
+        """Is the consumer waiting on data? A :class:`~fastload.LoaderStats` snapshot over the
+        whole run (``scope="run"``) or the current epoch (``"epoch"``): wait and step seconds,
+        stall fraction, p50/p99 wait, samples/batches/padded tokens per second, padding
+        efficiency, queue depth, slots in use, per-worker busy fractions, respawns, retries,
+        skipped samples, and a one-line ``diagnosis``."""
+        it = self._last_iterator()
+        if it is not None:
+            return it.stats(scope)
+        return self._meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+
+    def _on_epoch_end(self, summary: LoaderStats) -> None:
+        self.epoch_stats.append(summary)
+        if self.log_every_s is not None:
+            _log.info("epoch %d: %s", summary.epoch, summary)
+
+    def _on_shutdown(self, engine_fields: dict[str, Any], num_workers: int) -> None:
+        """The workers stopped: keep their last figures for :meth:`stats`."""
+        self._final_fields, self._final_workers = engine_fields, num_workers
     # -- epochs and exact resume ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run epoch ``epoch`` (and later ones count on from it)."""
@@ -139,7 +191,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._resume = None
 
     def _begin_epoch(self) -> None:
-        sampler = self.batch_sampler
+        sampler: Any = self.batch_sampler
         if hasattr(sampler, "set_epoch") and hasattr(sampler, "load_state_dict"):
             if self._resume is not None:
                 sampler.load_state_dict(self._resume)
@@ -151,7 +203,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: batches the consumer received count as consumed;
         batches prefetched by workers but not yet received do not."""
-        sampler = self.batch_sampler
+        sampler: Any = self.batch_sampler
         if not hasattr(sampler, "state_dict"):
             raise TypeError(
                 "state_dict() needs a resumable batch sampler (length_grouped=True, max_tokens=, "

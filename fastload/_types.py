@@ -12,7 +12,7 @@ consumes: a dict from field name to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, Union, runtime_checkable
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +44,7 @@ class Ragged(NamedTuple):
     lengths: npt.NDArray[np.int64]
 
 
-Column = Union[Ragged, np.ndarray, list]
+Column = Ragged | np.ndarray | list
 ColumnarBatch = dict[str, Column]
 
 

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastload {fastload.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
+    from fastload._metrics._cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

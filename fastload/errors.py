@@ -14,6 +14,7 @@ __all__ = [
     "LoaderTimeoutError",
     "OversizeSampleError",
     "SharedMemoryError",
+    "UsageError",
     "WorkerCrashedError",
 ]
 
@@ -56,3 +57,8 @@ class LoaderTimeoutError(FastloadError, RuntimeError):
 class SharedMemoryError(FastloadError, OSError):
     """Shared memory for batch slots could not be created or mapped; the message says how much
     was needed and how to provide it."""
+
+
+class UsageError(FastloadError, ValueError):
+    """A command's options cannot work as given (a bad value, a tokenizer that cannot be loaded,
+    fields that do not fit the input); the message names the option and what to change."""

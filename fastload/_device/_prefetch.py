@@ -80,6 +80,7 @@ class DevicePrefetcher:
             hosts.append((done, host))
             return dev, done
 
+        ready: tuple[Any, torch.cuda.Event] | None
         try:
             ready = start(next(it))
         except StopIteration:

@@ -137,6 +137,7 @@ class SlotArena:
         self._lock = threading.Lock()
         self._segments: dict[int, _Segment] = {}
         self._free: deque[SlotRef] = deque()
+        self._temporary_ids: set[int] = set()
         self._next_id = 0
         self._bytes = 0
         self._closed = False
@@ -159,6 +160,13 @@ class SlotArena:
     def total_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def in_use(self) -> int:
+        """Slots reserved for a task or viewed by the consumer (temporary slots included)."""
+        with self._lock:
+            regular = sum(seg.size for seg in self._segments.values() if seg.id not in self._temporary_ids)
+            return regular // self.slot_bytes - len(self._free) + len(self._temporary_ids)
+
     def reserve(self) -> SlotRef:
         with self._lock:
             if not self._free:
@@ -180,6 +188,7 @@ class SlotArena:
         size = align(nbytes, _PAGE)
         with self._lock:
             seg = self._new_segment(size)
+            self._temporary_ids.add(seg.id)
         return SlotRef(seg.id, seg.fd, seg.size, 0, size, temporary=True)
 
     def release(self, ref: SlotRef) -> None:
@@ -189,6 +198,7 @@ class SlotArena:
 
     def _release_locked(self, ref: SlotRef) -> None:
         if ref.temporary:
+            self._temporary_ids.discard(ref.segment)
             seg = self._segments.pop(ref.segment)
             self._bytes -= seg.size
             seg.close()

@@ -105,6 +105,7 @@ class Engine:
         restartable: bool,
         make_spec: Callable[[int, int], WorkerSpec],
         codec: Codec | None = None,
+        max_workers: int | None = None,
     ) -> None:
         self.epoch = 0
         self.respawns = 0
@@ -119,11 +120,16 @@ class Engine:
         self._next_seq = 0
         self._idle_deaths = [0] * num_workers  # deaths since the worker last delivered
         self.started = time.monotonic()
+        self.worker_started = [self.started] * num_workers
         self.busy_s = [0.0] * num_workers  # per worker: seconds spent building batches
         self.read_s = [0.0] * num_workers  # of those, seconds in read_batch (fast path only)
+        self.busy_total_s = 0.0  # all workers' busy seconds, retired ones included
         self.retries = 0  # tasks re-dispatched after their worker died
         self._closed = False
-        self._pool = WorkerPool(ctx, num_workers, lambda wid: make_spec(wid, self.epoch))
+        self._max_tasks_per_worker = max_tasks // num_workers
+        self._pool = WorkerPool(
+            ctx, num_workers, lambda wid: make_spec(wid, self.epoch), max_workers=max_workers
+        )
 
     @property
     def worker_pids(self) -> list[int]:
@@ -196,6 +202,7 @@ class Engine:
 
     def _on_result(self, wid: int, msg: tuple[Any, ...], refill: Callable[[], None]) -> None:
         epoch, seq, kind, payload, busy_s, read_s = msg
+        self.busy_total_s += busy_s
         self.busy_s[wid] += busy_s
         if read_s is not None:
             self.read_s[wid] += read_s
@@ -206,6 +213,7 @@ class Engine:
             return
         task = self._dispatch.complete(seq)
         self._idle_deaths[wid] = 0
+        self._leave_if_drained(wid)
         if kind == EXHAUSTED:
             self._reorder.skip(seq)
             for dropped in self._dispatch.deactivate(wid):
@@ -225,6 +233,12 @@ class Engine:
     def _on_death(self, wid: int, died: WorkerDied) -> None:
         for key in [k for k, (owner, _) in self._stale.items() if owner == wid]:
             self._codec.drop(self._stale.pop(key)[1].index)
+        if self._dispatch.retiring(wid):  # it was leaving anyway: its tasks go to the others
+            lost = self._dispatch.lose_worker(wid, died.culprit)
+            self._leave_if_drained(wid)
+            for task in lost:
+                self._send(self._dispatch.pick_worker() or 0, task)
+            return
         if not self._dispatch.is_active(wid):
             return  # its dataset was exhausted; nothing is lost
         if not self._restartable:
@@ -254,6 +268,40 @@ class Engine:
         self._pool.respawn(wid)
         for task in lost:
             self._send(wid, task)
+
+    # -- a pool that grows and shrinks (num_workers="auto") --------------------------------------
+    @property
+    def num_workers(self) -> int:
+        return self._dispatch.num_workers
+
+    def add_worker(self) -> None:
+        """One more worker; it takes tasks from the next dispatch on."""
+        self._dispatch.add_worker()
+        self._pool.add()
+        self._dispatch.max_tasks = self._max_tasks_per_worker * self._dispatch.num_workers
+        for stats in (self.busy_s, self.read_s):
+            stats.append(0.0)
+        self.worker_started.append(time.monotonic())
+        self._idle_deaths.append(0)
+
+    def retire_worker(self) -> None:
+        """The highest worker gets no more tasks and stops once it has delivered those it holds
+        (never below one worker)."""
+        if self._dispatch.num_workers - sum(
+            self._dispatch.retiring(w) for w in range(self._dispatch.num_workers)
+        ) <= 1:
+            return
+        if self._dispatch.retiring(self._dispatch.num_workers - 1):
+            return  # one retirement at a time
+        self._leave_if_drained(self._dispatch.retire_last())
+
+    def _leave_if_drained(self, wid: int) -> None:
+        if self._dispatch.retiring(wid) and not self._dispatch.tasks_of(wid):
+            self._dispatch.remove_last()
+            self._pool.retire_last()
+            for stats in (self.busy_s, self.read_s, self.worker_started, self._idle_deaths):
+                stats.pop()
+            self._dispatch.max_tasks = self._max_tasks_per_worker * self._dispatch.num_workers
 
     def close(self, join_s: float = 2.0) -> None:
         """Stop the workers (waiting up to ``join_s`` for them to finish their current task),

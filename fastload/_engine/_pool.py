@@ -29,8 +29,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from fastload._engine._worker import WorkerSpec, worker_main
 from fastload._engine._transport import dumps_task, loads
+from fastload._engine._worker import WorkerSpec, worker_main
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
@@ -55,16 +55,24 @@ class WorkerPool:
     """Starts ``num_workers`` processes from ``make_spec(worker_id)`` (all in parallel) and moves
     messages: :meth:`send` to one worker, :meth:`wait` for results and deaths of all."""
 
-    def __init__(self, ctx: Any, num_workers: int, make_spec: Callable[[int], WorkerSpec]) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        num_workers: int,
+        make_spec: Callable[[int], WorkerSpec],
+        *,
+        max_workers: int | None = None,
+    ) -> None:
         self._ctx = ctx
         self._make_spec = make_spec
         self._procs: list[Any] = [None] * num_workers
         self._tasks: list[Connection | None] = [None] * num_workers
         self._results: list[Connection | None] = [None] * num_workers
+        self._retired: list[Any] = []  # stopped on purpose, not yet reaped
         self._closed = False
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
-        self._progress = ctx.RawArray("q", [-1] * num_workers)
+        self._progress = ctx.RawArray("q", [-1] * max(num_workers, max_workers or 0))
         for wid in range(num_workers):
             self._start(wid)
 
@@ -91,10 +99,12 @@ class WorkerPool:
         return [p.pid for p in self._procs if p is not None]
 
     def send(self, wid: int, msg: Any) -> None:
-        try:
-            self._tasks[wid].send_bytes(dumps_task(msg))
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the worker just died: wait() reports it and its tasks are re-dispatched
+        conn = self._tasks[wid]
+        if conn is None:
+            return  # dead and not yet respawned: its tasks are re-dispatched on respawn
+        # A worker that just died: wait() reports it and its tasks are re-dispatched.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.send_bytes(dumps_task(msg))
 
     def wait(self, timeout_s: float) -> list[tuple[int, Any]]:
         """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
@@ -150,12 +160,40 @@ class WorkerPool:
     def alive(self, wid: int) -> bool:
         return self._procs[wid] is not None
 
+    def add(self) -> int:
+        """Start one more worker; returns its id (the next one)."""
+        wid = len(self._procs)
+        if wid >= len(self._progress):
+            raise RuntimeError(f"the pool was sized for {len(self._progress)} workers")
+        self._procs.append(None)
+        self._tasks.append(None)
+        self._results.append(None)
+        self._start(wid)
+        return wid
+
+    def retire_last(self) -> None:
+        """Stop the highest worker, which holds no task: it exits after reading ``None``. It is
+        reaped later, without waiting now."""
+        wid = len(self._procs) - 1
+        proc, tasks, results = self._procs.pop(), self._tasks.pop(), self._results.pop()
+        for conn in (tasks, results):
+            if conn is not None:
+                if conn is tasks:
+                    with contextlib.suppress(OSError):
+                        os.set_blocking(conn.fileno(), False)
+                        conn.send_bytes(dumps_task(None))
+                conn.close()
+        if proc is not None:
+            self._retired.append(proc)
+        self._progress[wid] = -1
+        self._retired = [p for p in self._retired if not _reaped(p)]
+
     def shutdown(self, join_s: float = 2.0) -> None:
         """Stop every worker; see NOTE [shutdown order]. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        live = [p for p in self._procs if p is not None]
+        live = [p for p in [*self._procs, *self._retired] if p is not None]
         stop = dumps_task(None)
         for conn in self._tasks:  # 1
             if conn is not None:
@@ -184,4 +222,13 @@ class WorkerPool:
         self._procs = [None] * len(self._procs)
         self._tasks = [None] * len(self._tasks)
         self._results = [None] * len(self._results)
+        self._retired = []
+
+
+def _reaped(proc: Any) -> bool:
+    proc.join(0)
+    if proc.exitcode is None:
+        return False
+    proc.close()
+    return True
 

@@ -30,6 +30,7 @@ class Task:
 @dataclass
 class _WorkerBook:
     active: bool = True
+    retiring: bool = False  # gets no tasks; leaves once it holds none
     tasks: deque[Task] = field(default_factory=deque)  # FIFO: a worker builds in arrival order
 
 
@@ -104,11 +105,12 @@ class Dispatcher:
         return dropped
 
     def reactivate_all(self) -> list[tuple[int, Task]]:
-        """A new epoch: every worker is active again and the cycle restarts at worker 0. Returns
-        the tasks still held, as ``(worker_id, task)``: their results will arrive stale."""
+        """A new epoch: every worker (but a retiring one) is active again and the cycle restarts
+        at worker 0. Returns the tasks still held, as ``(worker_id, task)``: their results will
+        arrive stale."""
         held = [(wid, t) for wid, book in enumerate(self._books) for t in book.tasks]
         for book in self._books:
-            book.active = True
+            book.active = not book.retiring
             book.tasks.clear()
         self._holder.clear()
         self._cursor = 0
@@ -130,6 +132,31 @@ class Dispatcher:
                 if task.deaths >= self.max_deaths:
                     raise RetryBudgetExceeded(task)
         return lost
+
+    # -- a pool that grows and shrinks (num_workers="auto") --------------------------------------
+    def add_worker(self) -> int:
+        """A new worker joins the cycle; returns its id (always the next one)."""
+        self._books.append(_WorkerBook())
+        self.num_workers += 1
+        return self.num_workers - 1
+
+    def retire_last(self) -> int:
+        """The highest worker gets no more tasks; it leaves (:meth:`remove_last`) once it holds
+        none. Returns its id."""
+        book = self._books[-1]
+        book.active, book.retiring = False, True
+        return self.num_workers - 1
+
+    def retiring(self, worker_id: int) -> bool:
+        return self._books[worker_id].retiring
+
+    def remove_last(self) -> None:
+        book = self._books[-1]
+        if not book.retiring or book.tasks:
+            raise RuntimeError("only a retiring worker that holds no task can be removed")
+        self._books.pop()
+        self.num_workers -= 1
+        self._cursor %= self.num_workers
 
     def tasks_of(self, worker_id: int) -> list[Task]:
         return list(self._books[worker_id].tasks)

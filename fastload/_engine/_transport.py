@@ -4,7 +4,7 @@ Results are pickled with multiprocessing's ``ForkingPickler``, for which ``torch
 registers reducers that move a tensor's storage into shared memory and pass only a file
 descriptor. We add the same for numpy arrays: a large numeric array travels as a shared-memory
 tensor and comes back as a numpy view of it, so no payload is copied through the pipe as bytes.
-Small arrays (under ``INLINE_BYTES``) are cheaper to pickle inline than to share.
+Small tensors and arrays (under ``INLINE_BYTES``) are cheaper to pickle inline than to share.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.multiprocessing  # noqa: F401  (registers the tensor reducers with ForkingPickler)
+import torch.multiprocessing
 
 INLINE_BYTES = 16 * 1024
 
@@ -45,8 +45,37 @@ def _reduce_ndarray(arr: np.ndarray) -> Any:
     return arr.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
 
 
+def _rebuild_tensor(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+_torch_reduce_tensor = ForkingPickler._extra_reducers[torch.Tensor]  # type: ignore[attr-defined]
+
+
+def _reduce_tensor(t: torch.Tensor) -> Any:
+    """A small, contiguous CPU tensor travels inline, by value: sharing it would cost a new
+    shared-memory block and a file-descriptor round trip per tensor (milliseconds), far more
+    than copying a few kilobytes. Everything else is shared as torch shares it."""
+    if (
+        t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.requires_grad
+        and not t.is_quantized
+        and t.is_contiguous()
+        and t.numel() * t.element_size() < INLINE_BYTES
+    ):
+        return _rebuild_tensor, (t.reshape(-1).view(torch.uint8).numpy().tobytes(), t.dtype, tuple(t.shape))
+    return _torch_reduce_tensor(t)
+
+
 class _ResultPickler(ForkingPickler):
-    _extra_reducers = {**ForkingPickler._extra_reducers, np.ndarray: _reduce_ndarray}
+    _extra_reducers = {
+        **ForkingPickler._extra_reducers,  # type: ignore[attr-defined]
+        np.ndarray: _reduce_ndarray,
+        torch.Tensor: _reduce_tensor,
+    }
     _copyreg_dispatch_table = copyreg.dispatch_table
 
 

@@ -147,3 +147,24 @@ def test_drain_returns_every_held_item() -> None:
     buf.push(5, 50)
     assert sorted(buf.drain()) == [20, 50]
     assert buf.pending == 0
+
+
+def test_an_added_worker_joins_the_cycle() -> None:
+    d = _dispatcher(1)
+    assert d.pick_worker() == 0
+    assert d.add_worker() == 1
+    assert sorted(d.pick_worker() for _ in range(4)) == [0, 0, 1, 1]
+
+
+def test_a_retiring_worker_gets_no_task_and_leaves_once_drained() -> None:
+    d = _dispatcher(2)
+    d.assign(1, Task(0, None))
+    assert d.retire_last() == 1
+    assert [d.pick_worker() for _ in range(3)] == [0, 0, 0]
+    with pytest.raises(RuntimeError, match="holds no task"):
+        d.remove_last()
+    d.complete(0)
+    d.remove_last()
+    assert d.num_workers == 1
+    assert d.reactivate_all() == []
+    assert d.pick_worker() == 0

@@ -1,0 +1,241 @@
+"""``fastload bench DATA``: how fast does fastload feed a training step on this machine and
+this data, with how many workers, against torch's DataLoader — and what to set.
+
+Exit codes: 0 done; 2 a user error (missing file, bad option or list), in one line without a
+traceback; 130 interrupted (from ``fastload.cli.main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import fastload
+from fastload._metrics._autotune import available_cores
+from fastload._metrics._bench import BenchOptions, BenchRow, configurations, run_configuration
+from fastload._metrics._bench_data import BatchPlan, describe, make_plan, open_dataset
+from fastload._metrics._bench_memory import pss_available
+from fastload._metrics._bench_report import recommend, table_header, table_row, write_results
+from fastload._metrics._bench_steps import (
+    DEVICES,
+    SleepStep,
+    TinyModelStep,
+    model_field,
+    resolve_device,
+)
+from fastload.errors import FastloadError, UsageError
+
+DESCRIPTION = """\
+Run a short training-like loop over DATA for each configuration (num_workers x prefetch_factor
+x step) with fastload's DataLoader, and with torch's DataLoader on the same batches as the
+baseline; print samples/s, stall % (the share of the loop's time spent waiting for data), p99
+wait, time to the first batch and the memory (PSS) of the process tree with its workers; then
+recommend the smallest num_workers/prefetch_factor whose stall is under 2 %."""
+
+EPILOG = """\
+The step is simulated (--step-ms: a sleep that uses no CPU, like a GPU step) or a real small
+model (--model tiny, on the GPU when there is one). Both loaders read the same length-grouped
+batch plan and pad with the same PadCollate; torch's DataLoader reads each batch with the
+dataset's __getitems__. The first batch of each run is start-up and is not in the stall.
+
+examples:
+  fastload bench corpus.h5
+  fastload bench corpus.h5 --workers 1,2,4,8 --step-ms 20 --out bench-results
+  fastload bench shards/ --max-tokens 16384 --model tiny
+  fastload bench corpus.h5 --smoke                      a few seconds, to try it out"""
+
+#: --smoke: every unset option becomes tiny (explicit options still win).
+SMOKE = {"workers": (0, 1), "prefetch": (2,), "step_ms": (1.0,), "batches": 8, "batch_size": 16}
+DEFAULT_BATCH_SIZE = 64
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "bench",
+        help="measure samples/s and stall for num_workers x prefetch, against torch's DataLoader",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("data", metavar="DATA", help=".h5/.hdf5 file, Arrow/Parquet file, or folder")
+    parser.add_argument("--workers", metavar="LIST", help="num_workers values (default 0,1,2,4)")
+    parser.add_argument("--prefetch", metavar="LIST", help="prefetch_factor values (default 2,4)")
+    parser.add_argument("--batch-size", metavar="N", help="rows per batch (default 64)")
+    parser.add_argument(
+        "--max-tokens", metavar="N", help="batches by token budget (rows * longest row <= N)"
+    )
+    parser.add_argument("--step-ms", metavar="LIST", help="simulated step times (default 2,10,50)")
+    parser.add_argument("--model", metavar="tiny", help="train a small real model instead of sleeping")
+    parser.add_argument(
+        "--device", default="auto", metavar="auto|cpu|cuda",
+        help="where batches go and the model runs (default: CUDA when available)",
+    )
+    parser.add_argument("--batches", metavar="N", help="batches per configuration (default 100)")
+    parser.add_argument("--out", metavar="DIR", help="write results.json, results.csv, stall.png")
+    parser.add_argument("--smoke", action="store_true", help="everything tiny: a few seconds")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return bench(args, print)
+    except (FastloadError, OSError) as error:
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"fastload bench: error: {message}", file=sys.stderr)
+        return 2
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[BenchOptions, int | None, int | None]:
+    """The sweep, the batch size and the token budget; a :class:`UsageError` for a bad value."""
+    smoke: dict[str, Any] = SMOKE if args.smoke else {}
+    if args.step_ms is not None and args.model is not None:
+        raise UsageError("--step-ms and --model are exclusive: a step is either simulated or real")
+    default = BenchOptions()
+    options = BenchOptions(
+        workers=_ints("--workers", args.workers) or smoke.get("workers", default.workers),
+        prefetch=_ints("--prefetch", args.prefetch) or smoke.get("prefetch", default.prefetch),
+        step_ms=_floats("--step-ms", args.step_ms) or smoke.get("step_ms", default.step_ms),
+        model=args.model,
+        batches=_int("--batches", args.batches) or smoke.get("batches", default.batches),
+    )
+    max_tokens = _int("--max-tokens", args.max_tokens)
+    batch_size = _int("--batch-size", args.batch_size)
+    if batch_size is None and max_tokens is None:
+        batch_size = smoke.get("batch_size", DEFAULT_BATCH_SIZE)
+    return options, batch_size, max_tokens
+
+
+def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    options, batch_size, max_tokens = options_from_args(args)
+    if args.device not in DEVICES:
+        raise UsageError(f"--device must be one of {', '.join(DEVICES)}; got {args.device!r}")
+    dataset = open_dataset(args.data)
+    plan = make_plan(dataset, batches=options.batches, batch_size=batch_size, max_tokens=max_tokens)
+    device = resolve_device(args.device)
+    steps: list[tuple[str, Callable[[Any], None]]]
+    if options.model is not None:
+        name, field = model_field(dataset)
+        tiny = TinyModelStep(name, field, device)
+        steps = [(tiny.name, tiny)]
+    else:
+        steps = [(s.name, s) for s in (SleepStep(ms, device) for ms in options.step_ms)]
+    collate = fastload.PadCollate(primary=dataset.length_field)
+    cores = available_cores()
+    say(_summary(dataset, plan, batch_size, max_tokens, device, cores))
+    if not pss_available():
+        say("memory not measured: it needs psutil (pip install psutil)")
+    say("")
+    say(table_header())
+    rows: list[BenchRow] = []
+    for step_name, step in steps:
+        for loader, workers, prefetch in configurations(options):
+            row = run_configuration(
+                loader, workers, prefetch, dataset=dataset, plan=plan, collate=collate,
+                step=step, step_name=step_name, device=device,
+            )
+            rows.append(row)
+            say(table_row(row))
+        say("")
+    recommendations = [
+        recommend(rows, name, cores=cores, max_workers_tried=max(options.workers))
+        for name, _ in steps
+    ]
+    say("recommendation:")
+    for rec in recommendations:
+        say(f"  {rec.text}")
+    if args.out is not None:
+        meta = _meta(args.data, dataset, plan, options, batch_size, max_tokens, device, cores)
+        for line in write_results(Path(args.out), rows, recommendations, meta):
+            say(line)
+    return 0
+
+
+def _summary(
+    dataset: Any, plan: BatchPlan, batch_size: int | None, max_tokens: int | None,
+    device: torch.device, cores: int,
+) -> str:
+    shape = f"up to {max_tokens:,} tokens" if max_tokens is not None else f"{batch_size} rows"
+    if max_tokens is not None and batch_size is not None:
+        shape += f" and {batch_size} rows"
+    padding = plan.padding_efficiency
+    extra = "" if padding is None else f", padding efficiency {padding * 100:.0f} %"
+    if plan.skipped:
+        extra += f", {plan.skipped} samples over the budget skipped"
+    return (
+        f"fastload bench: {describe(dataset)}, {len(dataset):,} samples; {len(plan)} batches "
+        f"of {shape} per run{extra}; device {device}; {cores} cores"
+    )
+
+
+def _meta(
+    data: str, dataset: Any, plan: BatchPlan, options: BenchOptions, batch_size: int | None,
+    max_tokens: int | None, device: torch.device, cores: int,
+) -> dict[str, Any]:
+    return {
+        "fastload_version": fastload.__version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "data": data,
+        "samples": len(dataset),
+        "device": str(device),
+        "cores": cores,
+        "options": {
+            "workers": list(options.workers),
+            "prefetch": list(options.prefetch),
+            "step_ms": None if options.model else list(options.step_ms),
+            "model": options.model,
+            "batches": options.batches,
+            "batch_size": batch_size,
+            "max_tokens": max_tokens,
+        },
+        "plan": {
+            "batches": len(plan),
+            "samples": sum(plan.rows),
+            "padding_efficiency": plan.padding_efficiency,
+            "skipped_samples": plan.skipped,
+        },
+    }
+
+
+def _int(option: str, text: str | None) -> int | None:
+    if text is None:
+        return None
+    values = _ints(option, text)
+    if len(values) != 1:
+        raise UsageError(f"{option}: expected one integer; got {text!r}")
+    if values[0] < 1:
+        raise UsageError(f"{option} must be >= 1; got {values[0]}")
+    return values[0]
+
+
+def _ints(option: str, text: str | None) -> tuple[int, ...]:
+    if text is None:
+        return ()
+    parts = _parts(option, text)
+    try:
+        return tuple(sorted({int(part) for part in parts}))
+    except ValueError:
+        raise UsageError(f"{option}: expected a comma-separated list of integers; got {text!r}") from None
+
+
+def _floats(option: str, text: str | None) -> tuple[float, ...]:
+    if text is None:
+        return ()
+    parts = _parts(option, text)
+    try:
+        return tuple(dict.fromkeys(float(part) for part in parts))
+    except ValueError:
+        raise UsageError(f"{option}: expected a comma-separated list of numbers; got {text!r}") from None
+
+
+def _parts(option: str, text: str) -> list[str]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise UsageError(f"{option}: empty value in {text!r}; expected e.g. 1,2,4")
+    return parts

@@ -1,0 +1,213 @@
+"""``StallMeter``: splits the consumer's time into waiting for batches and stepping on them.
+
+The meter is driven by three calls from the thread that consumes batches (it is not
+thread-safe): ``begin_wait()`` as ``next()`` is entered, ``end_wait(...)`` as it returns a
+batch, ``end_epoch()`` when the epoch is over. From those it keeps, per epoch and for the whole
+run, the total wait and step, counts of batches, samples and tokens, the time to each epoch's
+first batch and a :class:`~fastload._metrics._histogram.LogHistogram` of the per-batch waits —
+constant memory however long the run.
+
+Timeline of one epoch (``|`` = a ``next()`` returning a batch)::
+
+    begin ─ first wait ─| step 1 |─ wait 2 ─| step 2 |─ wait 3 ─| ... | step n |─ begin (StopIteration)
+            start-up      ────────── steady: counted in the stall fraction ──────────
+
+* The first wait of an epoch is start-up: it becomes ``first_batch_s`` and is kept out of the
+  stall fraction and the quantiles. (A caller that calls ``begin_wait()`` as the iterator is
+  created includes worker start-up in it.)
+* A step runs from one ``end_wait`` to the next ``begin_wait``; the last step of an epoch is
+  counted when ``begin_wait()`` is called for the ``next()`` that ends the epoch. A step still
+  open at ``end_epoch()`` (the loop broke out) is not counted: its end is unknown.
+* A wait still open at ``end_epoch()`` or at the next ``begin_wait()`` (that ``next()`` raised)
+  is dropped: it delivered no batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastload._metrics._clock import Clock
+from fastload._metrics._histogram import LogHistogram
+from fastload._metrics._stats import LoaderStats
+
+#: Fields of :class:`LoaderStats` that the meter cannot measure and ``snapshot`` accepts from
+#: the engine (``epoch`` too, to label the snapshot with the loader's own epoch number).
+ENGINE_FIELDS = frozenset(
+    {
+        "epoch",
+        "queue_depth",
+        "slots_in_use",
+        "worker_busy",
+        "worker_read_share",
+        "num_workers",
+        "respawns",
+        "retries",
+        "skipped_samples",
+    }
+)
+
+
+@dataclass
+class _Totals:
+    """Running sums over one scope (an epoch, or the run)."""
+
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    batches: int = 0
+    steady_batches: int = 0
+    samples: int = 0
+    stepped_samples: int = 0  # samples of batches whose step has been timed
+    stepped_batches: int = 0
+    stepped_padded_tokens: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    tokens_known: bool = True  # False once any batch came without token counts
+    first_batch_s: float | None = None
+    waits: LogHistogram = field(default_factory=LogHistogram)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    samples: int
+    padded_tokens: int | None
+
+
+class StallMeter:
+    """Measures wait and step of the consumer; see the module docstring for the timeline.
+
+    ``clock`` returns monotonic seconds (default :func:`time.perf_counter`; a
+    :class:`~fastload._metrics.ManualClock` in tests).
+    """
+
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        self._clock = clock
+        self._epoch = 0
+        self._run = _Totals()
+        self._current = _Totals()
+        self._wait_started: float | None = None
+        self._step_started: float | None = None
+        self._stepping: _Batch | None = None  # the batch the open step works on
+
+    @property
+    def epoch(self) -> int:
+        """The number of epochs ended so far (the current epoch's 0-based index)."""
+        return self._epoch
+
+    @property
+    def wait_s(self) -> float:
+        """The run's steady wait so far (seconds); cheap, for per-batch callers such as
+        :class:`~fastload._metrics.AutoTuner`."""
+        return self._run.wait_s
+
+    @property
+    def step_s(self) -> float:
+        """The run's step time so far (seconds); cheap, like :attr:`wait_s`."""
+        return self._run.step_s
+
+    def begin_wait(self) -> None:
+        """The consumer enters ``next()``: closes the open step, if any, and starts a wait."""
+        now = self._clock()
+        if self._step_started is not None and self._stepping is not None:
+            step = max(0.0, now - self._step_started)
+            for totals in (self._run, self._current):
+                totals.step_s += step
+                totals.stepped_batches += 1
+                totals.stepped_samples += self._stepping.samples
+                if self._stepping.padded_tokens is not None:
+                    totals.stepped_padded_tokens += self._stepping.padded_tokens
+        self._step_started = None
+        self._stepping = None
+        self._wait_started = now
+
+    def end_wait(
+        self, samples: int, real_tokens: int | None = None, padded_tokens: int | None = None
+    ) -> None:
+        """``next()`` returned a batch of ``samples`` rows holding ``real_tokens`` tokens in a
+        padded tensor of ``padded_tokens`` (rows * padded length; ``None`` when the batch has
+        no ragged field or the caller does not know). Starts the step on it."""
+        if self._wait_started is None:
+            raise RuntimeError("StallMeter.end_wait() called without a matching begin_wait()")
+        if samples < 0 or (real_tokens or 0) < 0 or (padded_tokens or 0) < 0:
+            raise ValueError(
+                f"StallMeter.end_wait: counts must be >= 0; got samples={samples}, "
+                f"real_tokens={real_tokens}, padded_tokens={padded_tokens}"
+            )
+        now = self._clock()
+        wait = max(0.0, now - self._wait_started)
+        first = self._current.batches == 0
+        for totals in (self._run, self._current):
+            totals.batches += 1
+            totals.samples += samples
+            if real_tokens is None or padded_tokens is None:
+                totals.tokens_known = False
+            else:
+                totals.real_tokens += real_tokens
+                totals.padded_tokens += padded_tokens
+            if first:
+                if totals.first_batch_s is None:
+                    totals.first_batch_s = wait
+            else:
+                totals.wait_s += wait
+                totals.steady_batches += 1
+                totals.waits.record(wait)
+        self._wait_started = None
+        self._step_started = now
+        self._stepping = _Batch(samples, padded_tokens)
+
+    def end_epoch(self) -> LoaderStats:
+        """Close the epoch (an open wait is dropped, an open step not counted) and return its
+        summary (consumer-side fields only). The next batch starts a new epoch."""
+        summary = self._stats(self._current, epoch=self._epoch).with_diagnosis()
+        self._epoch += 1
+        self._current = _Totals()
+        self._wait_started = None
+        self._step_started = None
+        self._stepping = None
+        return summary
+
+    def snapshot(self, *, scope: str = "run", **engine_fields: Any) -> LoaderStats:
+        """The stats so far, over the whole run (``scope="run"``) or the current epoch
+        (``scope="epoch"``), with the engine's fields (names in :data:`ENGINE_FIELDS`) merged
+        in and the diagnosis computed."""
+        if scope not in ("run", "epoch"):
+            raise ValueError(f"snapshot: scope must be 'run' or 'epoch'; got {scope!r}")
+        unknown = set(engine_fields) - ENGINE_FIELDS
+        if unknown:
+            raise TypeError(
+                f"snapshot: unknown engine fields {sorted(unknown)}; accepted: "
+                f"{', '.join(sorted(ENGINE_FIELDS))}"
+            )
+        totals = self._run if scope == "run" else self._current
+        fields = {"epoch": self._epoch, **engine_fields}
+        return self._stats(totals, **fields).with_diagnosis()
+
+    @staticmethod
+    def _stats(totals: _Totals, *, epoch: int, **engine_fields: Any) -> LoaderStats:
+        busy_s = totals.wait_s + totals.step_s
+        p50 = totals.waits.quantile(0.50)
+        p99 = totals.waits.quantile(0.99)
+        tokens = totals.tokens_known and totals.padded_tokens > 0
+        fields: dict[str, Any] = {
+            "epoch": epoch,
+            "batches": totals.batches,
+            "steady_batches": totals.steady_batches,
+            "samples": totals.samples,
+            "wait_s": totals.wait_s,
+            "step_s": totals.step_s,
+            "stall_fraction": totals.wait_s / busy_s if busy_s > 0 else 0.0,
+            "p50_wait_ms": None if p50 is None else p50 * 1e3,
+            "p99_wait_ms": None if p99 is None else p99 * 1e3,
+            "first_batch_s": totals.first_batch_s,
+            "samples_per_s": totals.stepped_samples / busy_s if busy_s > 0 else 0.0,
+            "batches_per_s": totals.stepped_batches / busy_s if busy_s > 0 else 0.0,
+            "padded_tokens_per_s": (
+                totals.stepped_padded_tokens / busy_s if tokens and busy_s > 0 else None
+            ),
+            "padding_efficiency": totals.real_tokens / totals.padded_tokens if tokens else None,
+        }
+        fields.update(engine_fields)
+        if "worker_busy" in fields:
+            fields["worker_busy"] = tuple(float(b) for b in fields["worker_busy"])
+        return LoaderStats(**fields)

@@ -1,0 +1,162 @@
+"""``LoaderStats``: one snapshot of how the data loader and the training step share the time,
+and ``diagnose``: the one line that says what to change.
+
+Vocabulary. The consumer (the training loop) alternates between *wait* — blocked inside
+``next()`` — and *step* — everything between two ``next()`` calls. The *stall fraction*
+``wait / (wait + step)`` is the share of the loop's time the device would sit idle for want of
+data. The first batch of each epoch is start-up (workers starting, files opening), reported as
+``first_batch_s`` and kept out of the stall fraction and the wait quantiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+#: Stall fraction under which the loader keeps up: the step is the bottleneck.
+STALL_OK = 0.02
+#: Mean worker busy fraction from which workers count as saturated (adding one helps).
+BUSY_SATURATED = 0.80
+#: Share of the workers' busy time spent in reads from which a stall is blamed on storage.
+READ_BOUND_SHARE = 0.50
+#: Steady batches (after each epoch's first) needed before a diagnosis is more than a guess.
+MIN_BATCHES = 10
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A snapshot of the loader's metrics over one scope (an epoch, or the run so far).
+
+    Times are seconds unless the name says ``_ms``; fractions are in ``[0, 1]``. ``None`` means
+    unknown (not measured by whoever built the snapshot), never zero.
+
+    Consumer side (measured by :class:`~fastload._metrics.StallMeter`):
+
+    * ``epoch``: the epoch the snapshot covers (the latest one for a run-wide snapshot).
+    * ``batches``, ``samples``: delivered to the consumer, first batches included.
+    * ``steady_batches``: the batches that count toward the stall: all but each epoch's first.
+    * ``wait_s``, ``step_s``: time inside ``next()`` and between ``next()`` calls, each
+      epoch's first batch excluded.
+    * ``stall_fraction``: ``wait_s / (wait_s + step_s)``; 0 when both are 0.
+    * ``p50_wait_ms``, ``p99_wait_ms``: quantiles of the per-batch wait (milliseconds, within
+      2.5 %), first batches excluded.
+    * ``first_batch_s``: time to the first batch (of this epoch; of the first epoch for a
+      run-wide snapshot).
+    * ``samples_per_s``, ``batches_per_s``, ``padded_tokens_per_s``: consumed per second of
+      ``wait_s + step_s`` (steady state; start-up is in ``first_batch_s``).
+    * ``padding_efficiency``: real tokens / padded tokens over all batches (1.0 = no padding).
+
+    Loader side (from the engine; defaults say "not reported"):
+
+    * ``queue_depth``: batches ready but not yet taken by the consumer.
+    * ``slots_in_use``: shared-memory batch slots held by workers, the queue or the consumer.
+    * ``worker_busy``: per worker, the share of its time spent reading and collating.
+    * ``worker_read_share``: of all workers' busy time, the share spent in reads.
+    * ``num_workers``, ``respawns``, ``retries``, ``skipped_samples``: counts.
+
+    ``diagnosis``: :func:`diagnose` of the rest, one actionable line.
+    """
+
+    epoch: int = 0
+    batches: int = 0
+    steady_batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    stall_fraction: float = 0.0
+    p50_wait_ms: float | None = None
+    p99_wait_ms: float | None = None
+    first_batch_s: float | None = None
+    samples_per_s: float = 0.0
+    batches_per_s: float = 0.0
+    padded_tokens_per_s: float | None = None
+    padding_efficiency: float | None = None
+    queue_depth: int | None = None
+    slots_in_use: int | None = None
+    worker_busy: tuple[float, ...] = ()
+    worker_read_share: float | None = None
+    num_workers: int = 0
+    respawns: int = 0
+    retries: int = 0
+    skipped_samples: int = 0
+    diagnosis: str = ""
+
+    @property
+    def mean_worker_busy(self) -> float | None:
+        """The workers' mean busy fraction, ``None`` when the engine reported none."""
+        return sum(self.worker_busy) / len(self.worker_busy) if self.worker_busy else None
+
+    def with_diagnosis(self) -> LoaderStats:
+        """This snapshot with ``diagnosis`` computed from its other fields."""
+        return dataclasses.replace(self, diagnosis=diagnose(self))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name, JSON-serializable (``worker_busy`` as a list)."""
+        data = dataclasses.asdict(self)
+        data["worker_busy"] = list(self.worker_busy)
+        return data
+
+    def __str__(self) -> str:
+        parts = [
+            f"epoch {self.epoch}",
+            f"{self.batches:,} batches",
+            f"{self.samples_per_s:,.0f} samples/s",
+            f"stall {self.stall_fraction * 100:.1f} %",
+        ]
+        if self.p99_wait_ms is not None:
+            parts.append(f"p99 wait {self.p99_wait_ms:.1f} ms")
+        if self.first_batch_s is not None:
+            parts.append(f"first batch {self.first_batch_s:.2f} s")
+        if self.padding_efficiency is not None:
+            parts.append(f"padding efficiency {self.padding_efficiency * 100:.0f} %")
+        busy = self.mean_worker_busy
+        workers = f"{self.num_workers} workers"
+        parts.append(workers if busy is None else f"{workers} busy {busy * 100:.0f} %")
+        if self.diagnosis:
+            parts.append(self.diagnosis)
+        return " | ".join(parts)
+
+
+def diagnose(stats: LoaderStats) -> str:
+    """One line saying what bounds the training loop and what to change.
+
+    * fewer than :data:`MIN_BATCHES` steady batches: a neutral "not enough data" line;
+    * stall fraction under :data:`STALL_OK`: **consumer-bound** — the loader is fine;
+    * otherwise the loader is too slow, and the line says why:
+
+      - workers spend at least :data:`READ_BOUND_SHARE` of their busy time in reads, or are
+        busy less than :data:`BUSY_SATURATED` of the time while the consumer waits (blocked on
+        storage rather than computing): **IO-bound**;
+      - workers busy at least :data:`BUSY_SATURATED`: **loader-bound**, add workers;
+      - ``num_workers == 0``: loader-bound, loading runs in the training process;
+      - worker time unknown: loader-bound, judged from the stall alone.
+    """
+    if stats.steady_batches < MIN_BATCHES:
+        return (
+            f"not enough data yet: {stats.steady_batches} steady batches measured, "
+            f"{MIN_BATCHES} needed"
+        )
+    stall = f"{stats.stall_fraction * 100:.0f} %"
+    if stats.stall_fraction < STALL_OK:
+        return "consumer-bound: the step is the bottleneck, the loader is fine"
+    if stats.worker_read_share is not None and stats.worker_read_share >= READ_BOUND_SHARE:
+        return (
+            f"IO-bound: workers mostly waiting on reads ({stats.worker_read_share * 100:.0f} % "
+            f"of their busy time); the step waits {stall} of the time: use a contiguous, "
+            "uncompressed file on faster storage, or more workers to overlap the reads"
+        )
+    if stats.num_workers == 0:
+        return (
+            f"loader-bound: loading runs in the training process (num_workers=0) and the step "
+            f"waits {stall} of the time, add workers"
+        )
+    busy = stats.mean_worker_busy
+    if busy is None:
+        return f"loader-bound: the step waits {stall} of the time, add workers"
+    if busy >= BUSY_SATURATED:
+        return f"loader-bound: workers busy {busy * 100:.0f} %, add workers"
+    return (
+        f"IO-bound: workers mostly waiting on reads (busy {busy * 100:.0f} % while the step "
+        f"waits {stall} of the time): use faster storage, or raise prefetch_factor"
+    )

@@ -1,0 +1,343 @@
+"""The fast path: workers pad whole batches into shared-memory slots; the consumer gets views.
+
+Every test compares against the generic path (torch's own DataLoader calling
+``__getitems__`` + ``PadCollate``) on the same file and the same batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+import torch
+import torch.utils.data
+
+import fastload
+
+N = 300
+
+
+def _write(path: Path, n: int = N, seed: int = 0, *, names: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 120, n).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with h5py.File(path, "w") as f:
+        f.attrs["fastload_format"] = 1
+        f.attrs["num_samples"] = n
+        f.create_dataset("tokens/values", data=rng.integers(1, 30_000, int(offsets[-1])).astype(np.uint16))
+        f.create_dataset("tokens/offsets", data=offsets)
+        f.create_dataset("label", data=rng.integers(0, 5, n).astype(np.int64))
+        f.create_dataset("lengths", data=lengths)
+        if names:
+            f.create_dataset("name", data=[f"s{i}" for i in range(n)], dtype=h5py.string_dtype())
+    return lengths
+
+
+@pytest.fixture(scope="module")
+def h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("fast") / "data.h5"
+    _write(path)
+    return path
+
+
+def _collate() -> fastload.PadCollate:
+    return fastload.PadCollate(dtype=torch.int64, mask_dtype=torch.bool)
+
+
+def _reference(path: Path, plan: list[list[int]]) -> list[dict[str, Any]]:
+    """The generic path on torch's own DataLoader."""
+    return list(
+        torch.utils.data.DataLoader(fastload.HDF5Dataset(path), batch_sampler=plan, collate_fn=_collate())
+    )
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype, k
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def _plan(n: int = N, size: int = 16, seed: int = 3) -> list[list[int]]:
+    order = np.random.default_rng(seed).permutation(n)
+    return [order[i : i + size].tolist() for i in range(0, n, size)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_fast_path_batches_equal_the_generic_path(h5: Path, workers: int) -> None:
+    plan = _plan()
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=workers, collate_fn=_collate())
+    it = iter(loader)
+    assert it.fast_path
+    got = list(it)
+    for a, b in zip(got, _reference(h5, plan), strict=True):
+        _same(a, b)
+
+
+def test_fast_path_is_the_default_for_a_reader_and_pads_with_padcollate(h5: Path) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2)
+    it = iter(loader)
+    assert it.fast_path
+    batch = next(it)
+    assert set(batch) >= {"tokens", "attention_mask", "lengths", "label"}
+    assert batch["tokens"].shape == (8, int(batch["lengths"].max()))
+    del it
+
+
+def test_a_user_dataset_with_read_batch_and_lengths_takes_the_fast_path(h5: Path) -> None:
+    class Mine(torch.utils.data.Dataset):  # no fastload base class
+        def __init__(self, path: Path) -> None:
+            self.inner = fastload.HDF5Dataset(path, fields=["tokens"])
+            self.lengths = self.inner.lengths
+            self.fields = self.inner.fields
+
+        def __len__(self) -> int:
+            return len(self.inner)
+
+        def __getitem__(self, i: int) -> Any:
+            return self.inner[i]
+
+        def read_batch(self, indices: Any) -> Any:
+            return self.inner.read_batch(indices)
+
+    loader = fastload.DataLoader(Mine(h5), batch_size=10, num_workers=2, collate_fn=_collate())
+    it = iter(loader)
+    assert it.fast_path
+    assert sum(len(b["lengths"]) for b in it) == N
+
+
+@pytest.mark.parametrize("options", [{"length_grouped": True, "batch_size": 16}, {"max_tokens": 600}])
+def test_length_grouped_fast_path_covers_the_epoch_once(h5: Path, options: dict[str, Any]) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), num_workers=2, collate_fn=_collate(), **options)
+    seen: list[int] = []
+    for batch in loader:
+        seen.extend(batch["lengths"].tolist())
+        if "max_tokens" in options:
+            assert batch["tokens"].numel() <= options["max_tokens"]
+    lengths = fastload.HDF5Dataset(h5).lengths
+    assert sorted(seen) == sorted(lengths.tolist())
+    assert len(seen) == len(loader.batch_sampler.lengths)
+
+
+def test_held_batches_never_change(h5: Path) -> None:
+    plan = _plan(size=5)  # 60 batches
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate())
+    held = list(loader)  # keeps all 60 alive while the workers keep writing
+    assert len(held) == 60
+    gc.collect()
+    for a, b in zip(held, _reference(h5, plan), strict=True):
+        _same(a, b)
+
+
+def test_slots_are_reused_when_batches_are_released(h5: Path) -> None:
+    plan = _plan(size=4) * 3
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate())
+    it = iter(loader)
+    next(it)
+    start = it._arena.total_bytes
+    for _ in it:
+        pass
+    assert it._arena is None  # released at the end of the epoch
+    assert start > 0
+
+
+class _Plan:
+    """A user's batch sampler that claims batches of 2 rows but yields one far larger."""
+
+    batch_size = 2
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Any:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def test_an_oversize_batch_gets_a_temporary_slot(h5: Path) -> None:
+    plan = [[0, 1], list(range(2, N)), [0], [3, 4]]
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=_Plan(plan), num_workers=1, collate_fn=_collate())
+    it = iter(loader)
+    codec = it._codec
+    for a, b in zip(it, _reference(h5, plan), strict=True):
+        _same(a, b)
+    assert codec.oversize_batches == 1
+
+
+def test_object_fields_pass_through_the_fast_path(tmp_path: Path) -> None:
+    path = tmp_path / "names.h5"
+    _write(path, 40, names=True)
+    loader = fastload.DataLoader(fastload.HDF5Dataset(path), batch_size=7, num_workers=2, collate_fn=_collate())
+    names = [n for b in loader for n in b["name"]]
+    assert names == [f"s{i}" for i in range(40)]
+
+
+class _FailsAt(torch.utils.data.Dataset):
+    def __init__(self, path: Path, bad: int) -> None:
+        self.inner = fastload.HDF5Dataset(path)
+        self.lengths, self.fields, self.bad = self.inner.lengths, self.inner.fields, bad
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read_batch(self, indices: Any) -> Any:
+        if self.bad in list(indices):
+            raise ValueError(f"sample {self.bad} is corrupt")
+        return self.inner.read_batch(indices)
+
+
+def test_a_read_error_in_a_worker_names_the_batch_and_indices_and_frees_its_slot(h5: Path) -> None:
+    loader = fastload.DataLoader(_FailsAt(h5, bad=21), batch_size=10, num_workers=2, collate_fn=_collate())
+    it = iter(loader)
+    next(it), next(it)
+    with pytest.raises(ValueError, match=r"(?s)worker process \d.*batch 2 from sample indices \[20, 21,.*sample 21 is corrupt"):
+        next(it)
+    rest = list(it)  # the epoch goes on after the failed batch, as with torch
+    assert len(rest) == len(loader) - 3
+
+
+def test_killing_a_worker_during_fast_path_iteration_loses_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "big.h5"
+    _write(path, 3000)
+    plan = _plan(3000, size=8)
+    loader = fastload.DataLoader(fastload.HDF5Dataset(path), batch_sampler=plan, num_workers=2, collate_fn=_collate())
+    it = iter(loader)
+    got = [next(it) for _ in range(5)]
+    os.kill(it.worker_pids[0], signal.SIGKILL)
+    got.extend(it)
+    ref = _reference(path, plan)
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        _same(a, b)
+
+
+def test_persistent_workers_keep_their_slots_across_epochs(h5: Path) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=32, num_workers=2, persistent_workers=True, collate_fn=_collate()
+    )
+    first = [b["lengths"].clone() for b in loader]
+    it = loader._iterator
+    arena = it._arena
+    for _ in range(3):
+        again = [b["lengths"].clone() for b in loader]
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert loader._iterator._arena is arena
+
+
+def test_breaking_out_of_a_persistent_epoch_then_iterating_again_is_exact(h5: Path) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=16, num_workers=2, persistent_workers=True, collate_fn=_collate()
+    )
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    full = [b["lengths"].tolist() for b in loader]
+    assert sum(len(x) for x in full) == N
+    assert [x for b in full for x in b] == fastload.HDF5Dataset(h5).lengths.tolist()
+
+
+def test_pin_memory_without_cuda_warns_and_returns_the_same_batches(h5: Path) -> None:
+    plan = _plan()
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate(), pin_memory=True)
+    with pytest.warns(UserWarning, match="no accelerator"):
+        got = list(loader)
+    for a, b in zip(got, _reference(h5, plan), strict=True):
+        _same(a, b)
+
+
+def test_device_cuda_without_cuda_is_a_clear_error(h5: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, device="cuda")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        iter(loader)
+
+
+def test_device_cpu_is_a_no_op(h5: Path) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=50, device="cpu", collate_fn=_collate())
+    assert sum(len(b["lengths"]) for b in loader) == N
+
+
+def test_rss_stays_flat_over_many_epochs(h5: Path) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=16, num_workers=2, collate_fn=_collate())
+    proc = psutil.Process()
+
+    def epochs(k: int) -> None:
+        for _ in range(k):
+            for batch in loader:
+                del batch
+        gc.collect()
+
+    epochs(5)
+    rss = proc.memory_info().rss
+    epochs(40)
+    assert proc.memory_info().rss - rss < 24 * 2**20
+
+
+_PARENT = textwrap.dedent(
+    """
+    import sys, torch, fastload
+    ds = fastload.HDF5Dataset({path!r})
+    loader = fastload.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=fastload.PadCollate())
+    it = iter(loader)
+    next(it)
+    print(" ".join(map(str, it.worker_pids)), flush=True)
+    import time
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+def test_sigkill_of_the_parent_during_fast_path_leaves_no_worker_and_no_shm(h5: Path) -> None:
+    before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-c", _PARENT.format(path=str(h5))], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+        deadline = time.monotonic() + 5
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+            assert time.monotonic() < deadline, "workers outlived their parent by 5 s"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()  # type: ignore[union-attr]
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+@pytest.mark.gpu
+def test_async_device_copies_equal_synchronous_copies(h5: Path) -> None:
+    plan = _plan()
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate(), device="cuda"
+    )
+    for got, ref in zip(loader, _reference(h5, plan), strict=True):
+        assert got["tokens"].is_cuda
+        torch.cuda.current_stream().synchronize()
+        _same({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in got.items()}, ref)
+
+
+@pytest.mark.gpu
+def test_slots_are_page_locked_with_cuda(h5: Path) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, pin_memory=True, collate_fn=_collate())
+    batch = next(iter(loader))
+    assert batch["tokens"].is_pinned()

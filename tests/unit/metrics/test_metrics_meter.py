@@ -1,0 +1,188 @@
+"""StallMeter arithmetic on a ManualClock: no test depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fastload._metrics import ENGINE_FIELDS, LoaderStats, ManualClock, StallMeter
+
+
+def feed(
+    meter: StallMeter,
+    clock: ManualClock,
+    waits: list[float],
+    step_s: float,
+    *,
+    rows: int = 4,
+    real: int | None = 30,
+    padded: int | None = 40,
+) -> None:
+    """One batch per wait: wait inside next(), then a step of ``step_s``; then the final next()
+    that ends the epoch (which closes the last step)."""
+    for wait in waits:
+        meter.begin_wait()
+        clock.advance(wait)
+        meter.end_wait(rows, real, padded)
+        clock.advance(step_s)
+    meter.begin_wait()
+
+
+def test_stall_fraction_is_steady_wait_over_wait_plus_step_and_excludes_the_first_batch() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [5.0, 0.1, 0.3], step_s=0.6)  # first wait (5 s) is start-up
+    stats = meter.snapshot()
+    assert stats.first_batch_s == 5.0
+    assert stats.wait_s == pytest.approx(0.4)
+    assert stats.step_s == pytest.approx(1.8)  # three steps, the last closed by the final next()
+    assert stats.stall_fraction == pytest.approx(0.4 / 2.2)
+    assert (stats.batches, stats.steady_batches, stats.samples) == (3, 2, 12)
+
+
+def test_throughput_counts_the_batches_whose_step_was_timed_over_steady_time() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [1.0, 0.25, 0.25, 0.25], step_s=0.75, rows=8, real=60, padded=80)
+    stats = meter.snapshot()
+    elapsed = 3 * 0.25 + 4 * 0.75
+    assert stats.samples_per_s == pytest.approx(4 * 8 / elapsed)
+    assert stats.batches_per_s == pytest.approx(4 / elapsed)
+    assert stats.padded_tokens_per_s == pytest.approx(4 * 80 / elapsed)
+    assert stats.padding_efficiency == pytest.approx(0.75)
+
+
+def test_wait_quantiles_are_nearest_rank_within_the_histogram_bound() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    waits_ms = [1.0] * 98 + [50.0, 200.0]
+    feed(meter, clock, [10.0] + [w / 1e3 for w in waits_ms], step_s=0.01)
+    stats = meter.snapshot()
+    assert stats.p50_wait_ms == pytest.approx(1.0, rel=0.025)
+    assert stats.p99_wait_ms == pytest.approx(50.0, rel=0.025)
+
+
+def test_tokens_are_unknown_once_any_batch_lacks_them() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    meter.begin_wait()
+    meter.end_wait(4, 30, 40)
+    meter.begin_wait()
+    meter.end_wait(4)
+    stats = meter.snapshot()
+    assert stats.padding_efficiency is None
+    assert stats.padded_tokens_per_s is None
+
+
+def test_each_epoch_has_its_own_start_up_and_totals_while_the_run_accumulates() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [3.0, 0.5], step_s=0.5)
+    first = meter.end_epoch()
+    feed(meter, clock, [0.2, 0.1, 0.1], step_s=0.1)
+    second = meter.end_epoch()
+    run = meter.snapshot()
+    assert (first.epoch, second.epoch, meter.epoch) == (0, 1, 2)
+    assert first.first_batch_s == 3.0
+    assert second.first_batch_s == pytest.approx(0.2)
+    assert first.stall_fraction == pytest.approx(0.5 / 1.5)
+    assert second.stall_fraction == pytest.approx(0.2 / 0.5)
+    assert run.first_batch_s == 3.0  # the run's start-up is its first epoch's
+    assert (meter.wait_s, meter.step_s) == (run.wait_s, run.step_s)
+    assert run.wait_s == pytest.approx(0.7)  # neither epoch's first batch
+    assert run.step_s == pytest.approx(1.3)
+    assert (run.batches, run.steady_batches) == (5, 3)
+
+
+def test_a_step_left_open_at_the_end_of_an_epoch_is_not_counted() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    meter.begin_wait()
+    meter.end_wait(2)
+    clock.advance(100.0)  # the loop broke out: when the step ended is unknown
+    summary = meter.end_epoch()
+    assert summary.step_s == 0.0
+
+
+def test_a_wait_that_delivered_no_batch_is_dropped() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [1.0, 0.1], step_s=1.0)  # ends with an open wait (the final next())
+    clock.advance(7.0)  # next() raised after 7 s: no batch
+    meter.begin_wait()  # the consumer tries again
+    clock.advance(0.1)
+    meter.end_wait(4)
+    stats = meter.snapshot()
+    assert stats.wait_s == pytest.approx(0.2)
+
+
+def test_snapshot_merges_engine_fields_and_diagnoses() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [1.0] + [0.5] * 20, step_s=0.1)
+    stats = meter.snapshot(num_workers=2, worker_busy=[0.99, 0.97], queue_depth=0, epoch=7)
+    assert stats.worker_busy == (0.99, 0.97)
+    assert stats.epoch == 7
+    assert stats.diagnosis == "loader-bound: workers busy 98 %, add workers"
+    with pytest.raises(TypeError, match="unknown engine fields \\['wait_s'\\]"):
+        meter.snapshot(wait_s=0.0)
+    assert "wait_s" not in ENGINE_FIELDS
+
+
+def test_epoch_scope_covers_only_the_current_epoch() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [1.0, 0.5], step_s=0.5)
+    meter.end_epoch()
+    feed(meter, clock, [1.0, 0.0], step_s=0.5)
+    assert meter.snapshot(scope="epoch").stall_fraction == 0.0
+    assert meter.snapshot(scope="run").stall_fraction == pytest.approx(0.5 / 2.5)
+    with pytest.raises(ValueError, match="scope must be 'run' or 'epoch'; got 'all'"):
+        meter.snapshot(scope="all")
+
+
+def test_end_wait_without_begin_wait_is_an_error() -> None:
+    meter = StallMeter(ManualClock())
+    with pytest.raises(RuntimeError, match="without a matching begin_wait"):
+        meter.end_wait(1)
+
+
+def test_an_empty_meter_reports_zeros_and_unknowns() -> None:
+    stats = StallMeter(ManualClock()).snapshot()
+    assert stats.stall_fraction == 0.0 and stats.samples_per_s == 0.0
+    assert stats.p99_wait_ms is None and stats.first_batch_s is None
+    assert stats.diagnosis.startswith("not enough data yet: 0 steady batches")
+
+
+def test_stats_serialize_and_summarize_in_one_line() -> None:
+    stats = LoaderStats(
+        batches=11,
+        steady_batches=10,
+        samples_per_s=1234.0,
+        stall_fraction=0.125,
+        p99_wait_ms=3.25,
+        first_batch_s=0.5,
+        padding_efficiency=0.9,
+        num_workers=2,
+        worker_busy=(0.5, 0.7),
+    ).with_diagnosis()
+    data = stats.as_dict()
+    assert data["worker_busy"] == [0.5, 0.7]
+    assert set(data) == {f for f in LoaderStats.__dataclass_fields__}
+    text = str(stats)
+    assert "\n" not in text
+    assert "1,234 samples/s" in text and "stall 12.5 %" in text and "2 workers busy 60 %" in text
+    assert text.endswith(stats.diagnosis)
+
+
+def test_manual_clock_never_goes_backwards() -> None:
+    clock = ManualClock(10.0)
+    clock.advance(0.5)
+    assert clock() == 10.5
+    with pytest.raises(ValueError, match=r"seconds must be >= 0; got -1\.0"):
+        clock.advance(-1.0)
+    with pytest.raises(ValueError, match="earlier than the current time"):
+        clock.set(1.0)
+    with pytest.raises(ValueError, match="finite"):
+        clock.advance(math.inf)
