@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastload {fastload.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
+    from fastload._convert._cli import add_convert_parser, add_inspect_parser
+
+    add_convert_parser(sub)
+    add_inspect_parser(sub)
     from fastload._metrics._cli import add_bench_parser
 
     add_bench_parser(sub)

@@ -1,0 +1,278 @@
+"""Command-line front ends: ``fastload convert``, ``fastload inspect`` and
+``scripts/convert_to_hdf5.py`` share these argument definitions.
+
+Exit codes: 0 done; 1 ``inspect`` found the file invalid; 2 a user error (bad option, missing
+input, bad input data, unwritable or existing output), reported in one line without a traceback;
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fastload._convert._options import FORMATS, INTEGER_DTYPES, Compression, ConvertOptions
+from fastload.errors import FastloadError
+
+CONVERT_DESCRIPTION = """\
+Convert text, JSON Lines, JSON, CSV/TSV, Parquet, Arrow IPC, Hugging Face save_to_disk folders
+and numpy arrays into the fastload HDF5 layout (with its /lengths index), streaming, with an
+atomic write. Inputs may be files, folders (read recursively in sorted order) or globs; text
+formats may be gzip- or zstd-compressed."""
+
+CONVERT_EPILOG = """\
+compression trade-off: 'none' (the default) stores every dataset contiguously, so the loader
+memory-maps it and reads a batch with no decompression and no copy. 'lzf' (fast) and 'gzip'
+(smaller, slower) shrink the file 2-4x on text, but every read decompresses whole 64 KiB chunks:
+choose them for storage or network-bound data, not for the fastest loading.
+
+examples:
+  fastload convert corpus/ -o corpus.h5                          lines of .txt files, byte tokens
+  fastload convert data.jsonl.gz -o d.h5 --tokenizer tok.json --label-field label
+  fastload convert docs/ --format txt --per-file -o docs.h5 --errors replace
+  fastload convert tokens.npy offsets.npy --offsets tokens=offsets -o t.h5"""
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _pair(text: str) -> tuple[str, str]:
+    values, sep, offsets = text.partition("=")
+    if not (sep and values and offsets):
+        raise argparse.ArgumentTypeError(f"expected VALUES=OFFSETS, got {text!r}")
+    return values, offsets
+
+
+def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs")
+    parser.add_argument(
+        "-o", "--output", required=True, type=Path, metavar="OUT.h5", help="the file to write"
+    )
+    reading = parser.add_argument_group("reading")
+    reading.add_argument(
+        "--format", choices=FORMATS, help="read every input as this format (default: by extension)"
+    )
+    reading.add_argument(
+        "--per-file", action="store_true", help="text: one sample per file instead of per line"
+    )
+    reading.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the field or column holding the text or token ids (default: text)",
+    )
+    reading.add_argument(
+        "--output-field",
+        default="input_ids",
+        metavar="NAME",
+        help="name of the tokenized field in the output (default: input_ids)",
+    )
+    reading.add_argument(
+        "--fields",
+        type=_names,
+        default=[],
+        metavar="A,B",
+        help="more fields to keep under their names: text is tokenized, lists of ints kept as ids, numbers become fixed fields; for numpy inputs, the arrays to keep",
+    )
+    reading.add_argument(
+        "--label-field",
+        type=_names,
+        action="extend",
+        default=[],
+        metavar="NAME",
+        help="a numeric field kept as a fixed field (CSV values are parsed as numbers)",
+    )
+    reading.add_argument(
+        "--offsets",
+        type=_pair,
+        action="append",
+        default=[],
+        metavar="VALUES=OFFSETS",
+        help="numpy inputs: array VALUES holds a ragged field whose starts are in OFFSETS (N+1 ints from 0)",
+    )
+    reading.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="bad records: stop with their file and line (default), or skip and count them",
+    )
+    reading.add_argument(
+        "--errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="non-UTF-8 bytes: a bad record (default), or replaced by U+FFFD",
+    )
+    tokens = parser.add_argument_group("tokenization")
+    tokens.add_argument(
+        "--tokenizer",
+        default="bytes",
+        metavar="KIND",
+        help="bytes (UTF-8 bytes, lossless; default), whitespace (a vocabulary saved as OUT.vocab.txt), a path to a Hugging Face tokenizer.json, or module:function",
+    )
+    tokens.add_argument(
+        "--min-count",
+        type=int,
+        default=1,
+        help="whitespace: keep words seen at least this often (default 1)",
+    )
+    tokens.add_argument(
+        "--max-vocab", type=int, default=None, help="whitespace: keep at most this many words"
+    )
+    tokens.add_argument(
+        "--no-special-tokens",
+        dest="special_tokens",
+        action="store_false",
+        help="tokenizer.json: do not add its special tokens",
+    )
+    tokens.add_argument("--max-length", type=int, default=None, help="longest sample, in tokens")
+    tokens.add_argument(
+        "--overlong",
+        choices=("truncate", "drop"),
+        default="truncate",
+        help="what to do with samples over --max-length (default truncate)",
+    )
+    tokens.add_argument(
+        "--min-length",
+        type=int,
+        default=1,
+        help="drop samples with fewer tokens (default 1: empty samples)",
+    )
+    tokens.add_argument(
+        "--dtype",
+        choices=INTEGER_DTYPES,
+        default=None,
+        help="token id dtype (default: the smallest that holds the vocabulary)",
+    )
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--compression",
+        default="none",
+        metavar="none|lzf|gzip[:LEVEL]",
+        help="see the trade-off below (default none)",
+    )
+    output.add_argument(
+        "--shard-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="write OUT-00000.h5, OUT-00001.h5, ... of N samples each",
+    )
+    output.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    output.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tokenize in N processes (default 0: in this one); the output is the same for any N",
+    )
+    output.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+
+
+def options_from_args(args: argparse.Namespace) -> ConvertOptions:
+    return ConvertOptions(
+        inputs=tuple(args.inputs),
+        output=args.output,
+        format=args.format,
+        per_file=args.per_file,
+        text_field=args.text_field,
+        output_field=args.output_field,
+        fields=tuple(args.fields),
+        label_fields=tuple(args.label_field),
+        offsets=tuple(args.offsets),
+        tokenizer=args.tokenizer,
+        min_count=args.min_count,
+        max_vocab=args.max_vocab,
+        special_tokens=args.special_tokens,
+        max_length=args.max_length,
+        overlong=args.overlong,
+        min_length=args.min_length,
+        dtype=args.dtype,
+        compression=Compression.parse(args.compression),
+        shard_size=args.shard_size,
+        workers=args.workers,
+        on_error=args.on_error,
+        errors=args.errors,
+        overwrite=args.overwrite,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def run_convert(args: argparse.Namespace, prog: str = "fastload convert") -> int:
+    from fastload._convert._convert import convert
+
+    try:
+        report = convert(options_from_args(args))
+    except (FastloadError, OSError) as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(report.summary())
+        for note in report.notes():
+            print(f"  {note}")
+    return 0
+
+
+def add_convert_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "convert",
+        help="convert raw data into the fastload HDF5 layout",
+        description=CONVERT_DESCRIPTION,
+        epilog=CONVERT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_convert_arguments(parser)
+    parser.set_defaults(func=run_convert)
+
+
+def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "inspect",
+        help="describe and check a fastload HDF5 file",
+        description="Fields, sizes, length statistics, padding efficiency and a validation verdict.",
+    )
+    parser.add_argument("file", type=Path, metavar="FILE")
+    parser.add_argument(
+        "--batch-size", type=int, default=64, help="batch size for the padding figures (default 64)"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every offset, length and value, in bounded memory",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from fastload._convert._inspect import run_inspect
+
+        try:
+            return run_inspect(
+                args.file, batch_size=args.batch_size, verify=args.verify, out=sys.stdout
+            )
+        except (FastloadError, OSError) as exc:
+            print(f"fastload inspect: error: {_one_line(exc)}", file=sys.stderr)
+            return 2
+
+    parser.set_defaults(func=run)
+
+
+def convert_main(argv: Sequence[str] | None = None) -> int:
+    """``scripts/convert_to_hdf5.py``: the same options as ``fastload convert``."""
+    parser = argparse.ArgumentParser(
+        prog="convert_to_hdf5.py",
+        description=CONVERT_DESCRIPTION,
+        epilog=CONVERT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_convert_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_convert(args, prog=parser.prog)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
