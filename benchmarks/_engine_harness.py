@@ -127,16 +127,23 @@ def fast(path: Path, plan: list[list[int]], workers: int) -> Iterable[Any]:
         fastload.HDF5Dataset(path, fields=["tokens"]),
         batch_sampler=plan,
         num_workers=workers,
-        collate_fn=fastload.PadCollate(dtype=torch.int64),
+        collate_fn=collate_fn(),
     )
 
 
 def in_ram_limit(path: Path, plan: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
-    """No loader at all: one process gathering and padding from arrays already in RAM."""
+    """No loader at all: one process gathering from arrays already in RAM and padding with the
+    same vectorized ``PadCollate`` as fastload (token ids, mask and lengths)."""
     with h5py.File(path, "r") as f:
         values, offsets = f["tokens/values"][:], f["tokens/offsets"][:]
+    collate = collate_fn()
     for idx in plan:
-        yield pad([values[offsets[i] : offsets[i + 1]] for i in idx])
+        yield collate([{"tokens": values[offsets[i] : offsets[i + 1]]} for i in idx])
+
+
+def collate_fn() -> fastload.PadCollate:
+    """What every fastload configuration pads with: int64 ids (for an embedding), a bool mask."""
+    return fastload.PadCollate(dtype=torch.int64, mask_dtype=torch.bool)
 
 
 LOADERS: dict[str, Callable[[Path, list[list[int]], int], Iterable[Any]]] = {

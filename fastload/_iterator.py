@@ -86,7 +86,8 @@ def _batch_counts(batch: Any) -> tuple[int, int | None, int | None]:
     if isinstance(batch, dict):
         lengths, mask = batch.get("lengths"), batch.get("attention_mask")
         if isinstance(lengths, torch.Tensor) and isinstance(mask, torch.Tensor) and lengths.ndim == 1:
-            return len(lengths), int(lengths.sum()), mask.numel()
+            real = lengths.numpy().sum() if lengths.device.type == "cpu" and not lengths.requires_grad else lengths.sum()
+            return len(lengths), int(real), mask.numel()
         values = list(batch.values())
     elif isinstance(batch, (list, tuple)):
         values = list(batch)

@@ -10,6 +10,8 @@ copying; the slot returns to the arena when the last of those tensors is garbage
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,16 @@ class SlotTask:
 
     def __iter__(self) -> Any:
         return iter(self.indices.tolist())
+
+    def __reduce__(self) -> Any:
+        # Sent once per batch: raw bytes and a plain tuple pickle several times faster than an
+        # ndarray and a dataclass.
+        s = self.slot
+        return _slot_task, (self.indices.tobytes(), s.segment, s.fd, s.size, s.offset, s.capacity, s.temporary)
+
+
+def _slot_task(indices: bytes, *slot: Any) -> SlotTask:
+    return SlotTask(np.frombuffer(indices, dtype=np.int64), SlotRef(*slot))
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,7 @@ def plan_layout(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[di
     for name, (shape, dtype) in layout.items():
         dt = np.dtype(dtype)
         arrays[name] = (offset, tuple(int(d) for d in shape), dt.str)
-        offset = align(offset + int(np.prod(shape, dtype=np.int64)) * dt.itemsize)
+        offset = align(offset + math.prod(shape) * dt.itemsize)
     return arrays, offset
 
 
@@ -79,7 +91,7 @@ class SlotBuilder:
         buf = self._slots.view(task.slot)
         try:
             out = {
-                name: np.frombuffer(buf, dtype=np.dtype(dt), count=int(np.prod(shape)), offset=off).reshape(shape)
+                name: np.frombuffer(buf, dtype=_np_dtype(dt), count=math.prod(shape), offset=off).reshape(shape)
                 for name, (off, shape, dt) in arrays.items()
             }
             self.collate.collate_into(columnar, out)
@@ -104,13 +116,15 @@ class SlotCodec:
         return SlotTask(np.asarray(indices, dtype=np.int64), self.arena.reserve())
 
     def decode(self, index: SlotTask, payload: SlotBatch) -> dict[str, Any]:
-        base = torch.from_numpy(self.arena.export(index.slot, payload.nbytes))
+        # numpy views of the exported array keep it (and so the slot) alive: their base is that
+        # array, not the mmap under it. Building views in numpy and wrapping each once is several
+        # times cheaper than slicing and re-viewing a torch tensor.
+        base = self.arena.export(index.slot, payload.nbytes)
         batch: dict[str, Any] = {}
         for name, (off, shape, dt) in payload.arrays.items():
-            dtype = np.dtype(dt)
-            n = int(np.prod(shape, dtype=np.int64))
-            flat = base[off : off + n * dtype.itemsize]
-            batch[name] = flat.view(_TORCH_DTYPES[dtype]).view(shape)
+            dtype = _np_dtype(dt)
+            view = base[off : off + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+            batch[name] = torch.from_numpy(view)
         batch.update(payload.objects)
         return batch
 
@@ -125,22 +139,9 @@ class SlotCodec:
         self.arena.release(index.slot)
 
 
-_TORCH_DTYPES = {
-    np.dtype(np.bool_): torch.bool,
-    np.dtype(np.uint8): torch.uint8,
-    np.dtype(np.int8): torch.int8,
-    np.dtype(np.int16): torch.int16,
-    np.dtype(np.int32): torch.int32,
-    np.dtype(np.int64): torch.int64,
-    np.dtype(np.uint16): torch.uint16,
-    np.dtype(np.uint32): torch.uint32,
-    np.dtype(np.uint64): torch.uint64,
-    np.dtype(np.float16): torch.float16,
-    np.dtype(np.float32): torch.float32,
-    np.dtype(np.float64): torch.float64,
-    np.dtype(np.complex64): torch.complex64,
-    np.dtype(np.complex128): torch.complex128,
-}
+@functools.lru_cache(maxsize=64)
+def _np_dtype(text: str) -> np.dtype:
+    return np.dtype(text)
 
 
 def synthetic_batch(fields: dict[str, Any], rows: int, length: int) -> dict[str, Any]:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any
 
 from fastload._engine._transport import dumps_task, loads
@@ -69,6 +70,10 @@ class WorkerPool:
         self._tasks: list[Connection | None] = [None] * num_workers
         self._results: list[Connection | None] = [None] * num_workers
         self._retired: list[Any] = []  # stopped on purpose, not yet reaped
+        # One poll object over every result pipe and process sentinel, rebuilt (None) whenever
+        # a worker starts or leaves: cheaper than multiprocessing.connection.wait per call.
+        self._poller: select.poll | None = None
+        self._watched: dict[int, tuple[int, str]] = {}
         self._closed = False
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
@@ -93,6 +98,7 @@ class WorkerPool:
         writer.close()  # the worker holds the only write end: its death closes the pipe
         task_reader.close()
         self._procs[wid], self._tasks[wid], self._results[wid] = proc, task_writer, reader
+        self._poller = None
 
     @property
     def pids(self) -> list[int]:
@@ -110,17 +116,26 @@ class WorkerPool:
         """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
         pairs in arrival order per worker; a worker that died is reported once, as a
         :class:`WorkerDied`, after every result it managed to send."""
-        conns = {c: wid for wid, c in enumerate(self._results) if c is not None}
-        sentinels = {p.sentinel: wid for wid, p in enumerate(self._procs) if p is not None}
-        ready = wait([*conns, *sentinels], timeout_s)
+        if self._poller is None:
+            self._poller = select.poll()
+            self._watched = {}
+            for wid, (conn, proc) in enumerate(zip(self._results, self._procs, strict=True)):
+                if conn is not None and proc is not None:
+                    for fd, kind in ((conn.fileno(), "result"), (proc.sentinel, "death")):
+                        self._poller.register(fd, select.POLLIN)
+                        self._watched[fd] = (wid, kind)
+        try:
+            ready = self._poller.poll(max(0, int(timeout_s * 1000)))
+        except InterruptedError:
+            ready = []
         events: list[tuple[int, Any]] = []
         dead: list[int] = []
-        for obj in ready:
-            if obj in conns:
-                wid = conns[obj]
+        for fd, _ in ready:
+            wid, kind = self._watched[fd]
+            if kind == "result":
                 events.extend((wid, m) for m in self._drain(wid))
-            else:
-                dead.append(sentinels[obj])
+            elif wid not in dead:
+                dead.append(wid)
         for wid in dead:
             events.extend((wid, m) for m in self._drain(wid))
             proc = self._procs[wid]
@@ -145,6 +160,7 @@ class WorkerPool:
         return out
 
     def _discard(self, wid: int) -> None:
+        self._poller = None
         for conn in (self._results[wid], self._tasks[wid]):
             if conn is not None:
                 conn.close()
@@ -174,6 +190,7 @@ class WorkerPool:
     def retire_last(self) -> None:
         """Stop the highest worker, which holds no task: it exits after reading ``None``. It is
         reaped later, without waiting now."""
+        self._poller = None
         wid = len(self._procs) - 1
         proc, tasks, results = self._procs.pop(), self._tasks.pop(), self._results.pop()
         for conn in (tasks, results):
