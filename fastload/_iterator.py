@@ -56,6 +56,8 @@ def fast_path_collate(loader: Any) -> Any:
         return None
     if not (callable(getattr(collate, "layout", None)) and callable(getattr(collate, "collate_into", None))):
         return None
+    if loader.num_workers > 0 and not os.path.isdir("/proc/self/fd"):
+        return None  # workers map the slots through /proc (Linux); elsewhere the generic path runs
     return collate
 
 

@@ -37,7 +37,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fastload", description=fastload.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fastload",
+        description="fastload: whole batches from disk to the GPU, with the GPU never waiting.",
+    )
     parser.add_argument("--version", action="version", version=f"fastload {fastload.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
