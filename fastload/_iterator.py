@@ -156,6 +156,7 @@ class LoaderIterator:
         self._fast_collate = fast_path_collate(loader)
         self._device = cuda_device(getattr(loader, "device", None))
         self._on_device: Any = None
+        self._prefetcher: DevicePrefetcher | None = None
         if self._num_workers == 0:
             if self._fast_collate is not None:
                 self._fetcher = _ColumnarFetcher(self._dataset, self._fast_collate)
@@ -251,7 +252,8 @@ class LoaderIterator:
         try:
             if self._device is not None:
                 if self._on_device is None:
-                    self._on_device = iter(DevicePrefetcher(_HostBatches(self), self._device))
+                    self._prefetcher = DevicePrefetcher(_HostBatches(self), self._device)
+                    self._on_device = iter(self._prefetcher)
                 data = next(self._on_device)
             else:
                 data = self._next_data()
@@ -362,6 +364,8 @@ class LoaderIterator:
         skipped = getattr(self._index_sampler, "skipped", None)
         if isinstance(skipped, int):
             fields["skipped_samples"] = skipped
+        if self._prefetcher is not None:
+            fields["gpu_idle_s"] = self._prefetcher.gpu_idle_s
         return self._meter.snapshot(scope=scope, num_workers=self._num_workers, **fields)
 
     def _engine_fields(self) -> dict[str, Any]:

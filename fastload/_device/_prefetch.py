@@ -51,11 +51,18 @@ def cuda_device(device: str | torch.device | None) -> torch.device | None:
 
 class DevicePrefetcher:
     """Wraps an iterable of batches (tensors in any nesting of dicts, lists and tuples) and
-    yields them on ``device``, each copied one step ahead on a side stream."""
+    yields them on ``device``, each copied one step ahead on a side stream.
+
+    ``gpu_idle_s`` accumulates, from CUDA events, how long the GPU waited for data: for each
+    batch after the first, the time from the consumer stream finishing everything queued before
+    ``next()`` to the batch's copy finishing (zero when the copy was done first). Events are read
+    only once complete, so measuring never synchronizes."""
 
     def __init__(self, batches: Iterable[Any], device: str | torch.device | None) -> None:
         self._batches = batches
         self._device = cuda_device(device)
+        self.gpu_idle_s = 0.0
+        self._pending: deque[tuple[Any, Any]] = deque()  # (step done, batch ready) events
 
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
@@ -66,8 +73,12 @@ class DevicePrefetcher:
             return
         yield from self._prefetch(iter(self._batches), self._device)
 
-    @staticmethod
-    def _prefetch(it: Iterator[Any], device: torch.device) -> Iterator[Any]:
+    def _account(self) -> None:
+        while self._pending and self._pending[0][0].query() and self._pending[0][1].query():
+            step_done, ready = self._pending.popleft()
+            self.gpu_idle_s += max(0.0, step_done.elapsed_time(ready)) / 1e3
+
+    def _prefetch(self, it: Iterator[Any], device: torch.device) -> Iterator[Any]:
         side = torch.cuda.Stream(device)
         consumer = torch.cuda.current_stream(device)
         hosts: deque[tuple[torch.cuda.Event, Any]] = deque()  # host batches whose copy may run
@@ -75,7 +86,7 @@ class DevicePrefetcher:
         def start(host: Any) -> tuple[Any, torch.cuda.Event]:
             with torch.cuda.stream(side):
                 dev = to_device(host, device, consumer)
-                done = torch.cuda.Event()
+                done = torch.cuda.Event(enable_timing=True)
                 done.record(side)
             hosts.append((done, host))
             return dev, done
@@ -85,8 +96,15 @@ class DevicePrefetcher:
             ready = start(next(it))
         except StopIteration:
             return
+        first = True
         while ready is not None:
             batch, done = ready
+            if not first:  # the consumer asked for this batch: its previous step is queued
+                step_done = torch.cuda.Event(enable_timing=True)
+                step_done.record(consumer)
+                self._pending.append((step_done, done))
+                self._account()
+            first = False
             try:
                 ready = start(next(it))
             except StopIteration:
@@ -96,4 +114,6 @@ class DevicePrefetcher:
                 hosts.popleft()  # copy finished: the host batch (and its slot) may be freed
             yield batch
         side.synchronize()
+        consumer.synchronize()
+        self._account()
         hosts.clear()

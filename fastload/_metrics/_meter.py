@@ -45,6 +45,7 @@ ENGINE_FIELDS = frozenset(
         "respawns",
         "retries",
         "skipped_samples",
+        "gpu_idle_s",
     }
 )
 

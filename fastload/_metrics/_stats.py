@@ -54,6 +54,9 @@ class LoaderStats:
     * ``worker_busy``: per worker, the share of its time spent reading and collating.
     * ``worker_read_share``: of all workers' busy time, the share spent in reads.
     * ``num_workers``, ``respawns``, ``retries``, ``skipped_samples``: counts.
+    * ``gpu_idle_s`` (with ``device="cuda"``): time the GPU sat between finishing the work queued
+      before a ``next()`` and the batch it returned being on the device, measured with CUDA
+      events (host-side waiting overstates the stall while kernels are still queued).
 
     ``diagnosis``: :func:`diagnose` of the rest, one actionable line.
     """
@@ -80,6 +83,7 @@ class LoaderStats:
     respawns: int = 0
     retries: int = 0
     skipped_samples: int = 0
+    gpu_idle_s: float | None = None
     diagnosis: str = ""
 
     @property
@@ -110,6 +114,8 @@ class LoaderStats:
             parts.append(f"first batch {self.first_batch_s:.2f} s")
         if self.padding_efficiency is not None:
             parts.append(f"padding efficiency {self.padding_efficiency * 100:.0f} %")
+        if self.gpu_idle_s is not None:
+            parts.append(f"GPU idle {self.gpu_idle_s:.3f} s")
         busy = self.mean_worker_busy
         workers = f"{self.num_workers} workers"
         parts.append(workers if busy is None else f"{workers} busy {busy * 100:.0f} %")

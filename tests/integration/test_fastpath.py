@@ -341,3 +341,15 @@ def test_slots_are_page_locked_with_cuda(h5: Path) -> None:
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, pin_memory=True, collate_fn=_collate())
     batch = next(iter(loader))
     assert batch["tokens"].is_pinned()
+
+
+@pytest.mark.gpu
+def test_gpu_idle_is_measured_with_cuda_events(h5: Path) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate(), device="cuda")
+    it = iter(loader)
+    for batch in it:
+        torch.cuda._sleep(1_000_000)  # a long GPU step: the loader keeps up, the GPU never waits
+        batch["tokens"].sum()
+    stats = it.stats()
+    assert stats.gpu_idle_s is not None
+    assert 0.0 <= stats.gpu_idle_s < 0.1 * stats.step_s + 0.05
