@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import multiprocessing
 import os
 import time
 import warnings
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from fastload._device import DevicePrefetcher, cuda_device, page_lock, pin_tree
+from fastload._device import DevicePrefetcher, cuda_available, cuda_device, page_lock, pin_tree
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
 from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
@@ -122,13 +121,13 @@ class LoaderIterator:
                 f"device,ignore pin_memory_device='{loader.pin_memory_device}'.",
                 stacklevel=3,
             )
-        if loader.pin_memory and not torch.cuda.is_available():
+        if loader.pin_memory and not cuda_available():
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, "
                 "then device pinned memory won't be used.",
                 stacklevel=3,
             )
-        self._pin = loader.pin_memory and torch.cuda.is_available()
+        self._pin = loader.pin_memory and cuda_available()
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         # torch's order of effects: the sampler's iterator, then the base seed.
         self._sampler_iter: Any = iter(self._index_sampler)
@@ -170,7 +169,7 @@ class LoaderIterator:
         _live.add(self)
 
     def _start_engine(self, loader: TorchDataLoader) -> None:
-        ctx = loader.multiprocessing_context or multiprocessing.get_context()
+        ctx = loader.multiprocessing_context
         template = WorkerSpec(
             dataset=self._dataset,
             auto_collation=self._auto_collation,

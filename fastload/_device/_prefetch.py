@@ -34,6 +34,10 @@ def to_device(data: Any, device: torch.device, stream: Any = None) -> Any:
     return data
 
 
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 def cuda_device(device: str | torch.device | None) -> torch.device | None:
     """The CUDA device to prefetch to, or ``None`` when batches stay where they are."""
     if device is None:

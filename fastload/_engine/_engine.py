@@ -8,6 +8,7 @@ ends the epoch with :class:`~fastload.errors.WorkerCrashedError` instead of resp
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -97,7 +98,7 @@ class Engine:
     def __init__(
         self,
         *,
-        ctx: Any,
+        ctx: Any,  # a multiprocessing context; None: the default start method
         num_workers: int,
         max_tasks: int,
         in_order: bool,
@@ -128,7 +129,8 @@ class Engine:
         self._closed = False
         self._max_tasks_per_worker = max_tasks // num_workers
         self._pool = WorkerPool(
-            ctx, num_workers, lambda wid: make_spec(wid, self.epoch), max_workers=max_workers
+            ctx or multiprocessing.get_context(),
+            num_workers, lambda wid: make_spec(wid, self.epoch), max_workers=max_workers
         )
 
     @property
