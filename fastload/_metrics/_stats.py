@@ -131,10 +131,12 @@ def diagnose(stats: LoaderStats) -> str:
     * stall fraction under :data:`STALL_OK`: **consumer-bound** — the loader is fine;
     * otherwise the loader is too slow, and the line says why:
 
-      - workers spend at least :data:`READ_BOUND_SHARE` of their busy time in reads, or are
-        busy less than :data:`BUSY_SATURATED` of the time while the consumer waits (blocked on
-        storage rather than computing): **IO-bound**;
+      - workers busy at least :data:`BUSY_SATURATED` and spending at least
+        :data:`READ_BOUND_SHARE` of that time in reads: **IO-bound**;
       - workers busy at least :data:`BUSY_SATURATED`: **loader-bound**, add workers;
+      - workers mostly idle while the consumer waits (a worker's busy time includes its reads,
+        so this is not storage): **delivery-bound** — the main process receiving batches is
+        the bottleneck;
       - ``num_workers == 0``: loader-bound, loading runs in the training process;
       - worker time unknown: loader-bound, judged from the stall alone.
     """
@@ -146,12 +148,6 @@ def diagnose(stats: LoaderStats) -> str:
     stall = f"{stats.stall_fraction * 100:.0f} %"
     if stats.stall_fraction < STALL_OK:
         return "consumer-bound: the step is the bottleneck, the loader is fine"
-    if stats.worker_read_share is not None and stats.worker_read_share >= READ_BOUND_SHARE:
-        return (
-            f"IO-bound: workers mostly waiting on reads ({stats.worker_read_share * 100:.0f} % "
-            f"of their busy time); the step waits {stall} of the time: use a contiguous, "
-            "uncompressed file on faster storage, or more workers to overlap the reads"
-        )
     if stats.num_workers == 0:
         return (
             f"loader-bound: loading runs in the training process (num_workers=0) and the step "
@@ -161,8 +157,16 @@ def diagnose(stats: LoaderStats) -> str:
     if busy is None:
         return f"loader-bound: the step waits {stall} of the time, add workers"
     if busy >= BUSY_SATURATED:
+        share = stats.worker_read_share
+        if share is not None and share >= READ_BOUND_SHARE:
+            return (
+                f"IO-bound: workers mostly waiting on reads ({share * 100:.0f} % of their busy "
+                f"time); the step waits {stall} of the time: use a contiguous, uncompressed "
+                "file on faster storage, or more workers to overlap the reads"
+            )
         return f"loader-bound: workers busy {busy * 100:.0f} %, add workers"
     return (
-        f"IO-bound: workers mostly waiting on reads (busy {busy * 100:.0f} % while the step "
-        f"waits {stall} of the time): use faster storage, or raise prefetch_factor"
+        f"delivery-bound: workers idle {100 - busy * 100:.0f} % of the time while the step waits "
+        f"{stall}: the main process receiving batches is the bottleneck; use the fast path (a "
+        "dataset with read_batch and lengths, and PadCollate) or raise prefetch_factor"
     )

@@ -70,11 +70,11 @@ def test_workers_that_spend_their_time_in_reads_make_a_stall_io_bound() -> None:
     assert stats.diagnosis.startswith("IO-bound: workers mostly waiting on reads (80 %")
 
 
-def test_idle_workers_while_the_consumer_waits_are_io_bound() -> None:
+def test_idle_workers_while_the_consumer_waits_are_delivery_bound() -> None:
     clock = ManualClock()
     meter = train(FakeLoader(clock, produce_s=0.050, batches=50), step_s=0.005, clock=clock)
-    stats = meter.snapshot(num_workers=4, worker_busy=(0.3,) * 4)
-    assert stats.diagnosis.startswith("IO-bound: workers mostly waiting on reads (busy 30 %")
+    stats = meter.snapshot(num_workers=4, worker_busy=(0.3,) * 4, worker_read_share=0.9)
+    assert stats.diagnosis.startswith("delivery-bound: workers idle 70 % of the time")
 
 
 def test_loading_in_the_training_process_says_so() -> None:
