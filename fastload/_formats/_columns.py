@@ -14,10 +14,11 @@ import numpy.typing as npt
 from fastload._types import Column, Field, Ragged
 
 # Mean bytes per sample from which copying one slice per sample beats building a flat element
-# index. Measured on 2 cores (int32 values, random rows of a 160 MB array, 64 and 4096 samples):
-# at ~11 elements per sample the flat index wins 3x; at ~200 elements (800 bytes) slices win,
-# and the gap widens with length since each slice is a plain memcpy.
-_SLICE_COPY_MIN_BYTES = 512
+# index. Measured on 2 cores (random rows of a memory-mapped array, 64 and 4096 samples): at ~11
+# int32 elements per sample the flat index wins 3x; at ~200 uint16 elements (400 bytes) slices
+# already take 88 us per batch of 64 against 131 us, and the gap widens with length since each
+# slice is a plain memcpy.
+_SLICE_COPY_MIN_BYTES = 128
 
 
 def ragged_gather(
