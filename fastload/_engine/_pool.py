@@ -152,11 +152,10 @@ class WorkerPool:
         out: list[Any] = []
         if conn is None:
             return out
-        try:
+        # EOFError/OSError: the end of a dead worker's pipe, or a message cut off by its death.
+        with contextlib.suppress(EOFError, OSError):
             while conn.poll(0):
                 out.append(loads(conn.recv_bytes()))
-        except (EOFError, OSError):
-            pass  # end of a dead worker's pipe, or a message cut off by its death
         return out
 
     def _discard(self, wid: int) -> None:

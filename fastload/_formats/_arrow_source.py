@@ -9,6 +9,7 @@ segments are decoded on demand (the caller caches them).
 
 from __future__ import annotations
 
+import abc
 from typing import Protocol
 
 import numpy as np
@@ -84,7 +85,7 @@ def _inside(batch: pa.RecordBatch, file: pa.Buffer) -> bool:
     return True
 
 
-class _Batches:
+class _Batches(abc.ABC):
     """Shared by the IPC readers: keep zero-copy batches, or only their row counts."""
 
     schema: pa.Schema
@@ -103,8 +104,9 @@ class _Batches:
             self._kept = []
             self.rows = np.array([self._decode(i).num_rows for i in range(count)], np.int64)
 
+    @abc.abstractmethod
     def _decode(self, segment: int) -> pa.RecordBatch:
-        raise NotImplementedError
+        """Record batch ``segment`` of the file, decoded."""
 
     def kept(self) -> list[pa.RecordBatch]:
         return self._kept

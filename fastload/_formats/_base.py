@@ -9,6 +9,7 @@ change of ``os.getpid()``, opens its own handles.
 
 from __future__ import annotations
 
+import abc
 import os
 import threading
 from collections.abc import Sequence
@@ -68,7 +69,7 @@ class _ProcessState:
                 self.readers[i] = None
 
 
-class ShardedDataset(Dataset[dict[str, Any]]):
+class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
     """Base class of the readers (see :class:`fastload.HDF5Dataset` for the contract)."""
 
     #: Exceptions of the underlying library that a read may raise for a damaged file; they are
@@ -94,9 +95,9 @@ class ShardedDataset(Dataset[dict[str, Any]]):
 
     # ---- what subclasses provide -------------------------------------------------------------
 
+    @abc.abstractmethod
     def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ShardReader:
         """Open shard ``shard`` in this process; ``cache`` is this process's block cache."""
-        raise NotImplementedError
 
     # ---- the public contract -----------------------------------------------------------------
 
