@@ -10,6 +10,7 @@ resets — while the work is done by fastload's own engine.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -27,6 +28,7 @@ from fastload._device import DevicePrefetcher, cuda_available, cuda_device, page
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
 from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
+from fastload._engine._pump import ERROR, Pump, end_marker
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter, available_cores
 from fastload.errors import FastloadError
 
@@ -102,6 +104,22 @@ def _batch_counts(batch: Any) -> tuple[int, int | None, int | None]:
     return 1, None, None
 
 
+class _IndexSource:
+    """The fast path's next task, taken on the engine thread: the sampler's next batch of
+    indices with a slot reserved for it (holds no reference to the iterator)."""
+
+    def __init__(self, sampler_iter: Any, codec: SlotCodec) -> None:
+        self._it = sampler_iter
+        self._codec = codec
+
+    def __call__(self) -> Any:
+        try:
+            index = next(self._it)
+        except StopIteration:
+            return end_marker()
+        return self._codec.task(index)
+
+
 class LoaderIterator:
     def __init__(self, loader: TorchDataLoader) -> None:
         self._dataset = loader.dataset
@@ -149,6 +167,8 @@ class LoaderIterator:
         self._skip_refills = 0  # after a worker retires: fewer tasks in flight
         self._progress = bool(getattr(loader, "progress", False))
         self._engine: Engine | None = None
+        self._pump: Pump | None = None  # the fast path's engine thread
+        self._host_counts: Any = None  # counts of the last batch, when the pump measured them
         self._arena: SlotArena | None = None
         self._codec: SlotCodec | None = None
         self._fetcher: Any = None
@@ -201,6 +221,15 @@ class LoaderIterator:
         )
         if getattr(loader, "auto_workers", False):
             self._tuner = AutoTuner(min_workers=1, memory_ok=_memory_ok)
+        if self._codec is not None:
+            self._pump = Pump(
+                self._engine,
+                _IndexSource(self._sampler_iter, self._codec),
+                _batch_counts,
+                timeout_s=self._timeout,
+            )
+            assert self._arena is not None
+            self._arena.on_release = self._pump.nudge
 
     def _new_arena(self, loader: TorchDataLoader) -> SlotArena:
         rows, max_tokens = _plan_rows_and_tokens(loader)
@@ -224,12 +253,18 @@ class LoaderIterator:
         )
 
     def _prime(self) -> None:
+        if self._pump is not None:
+            self._pump.grant(self._prefetch_factor * self._num_workers)
+            return
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put()
 
     def _try_put(self) -> None:
         """torch's ``_try_put_index``: one more task, if the sampler has one and a worker is
         active (the index is consumed from the sampler either way)."""
+        if self._pump is not None:
+            self._pump.grant()
+            return
         assert self._engine is not None
         try:
             index = next(self._sampler_iter)
@@ -286,7 +321,8 @@ class LoaderIterator:
 
     def _next_data(self) -> Any:
         data = self._next_host_batch()
-        self._counts.append(_batch_counts(data))
+        counts, self._host_counts = self._host_counts, None
+        self._counts.append(counts or _batch_counts(data))
         return data
 
     def _next_host_batch(self) -> Any:
@@ -296,9 +332,15 @@ class LoaderIterator:
             data = self._fetcher.fetch(next(self._sampler_iter))
             return pin_tree(data) if self._pin else data
         try:
-            status, value = self._engine.get(self._try_put)
-        except FastloadError:
-            self._shutdown(join_s=0.1)  # a dead or hung worker: this epoch cannot go on
+            if self._pump is not None:
+                status, value, self._host_counts = self._pump.get()
+                if status == ERROR:
+                    raise value
+            else:
+                status, value = self._engine.get(self._try_put)
+        except BaseException as exc:
+            if isinstance(exc, FastloadError) or self._pump is not None:
+                self._shutdown(join_s=0.1)  # a dead or hung worker: this epoch cannot go on
             raise
         if status == DONE:
             if not self._persistent:
@@ -322,15 +364,21 @@ class LoaderIterator:
         decision = tuner.observe(
             wait_s=self._meter.wait_s, step_s=self._meter.step_s, busy_s=engine.busy_total_s
         )
+        if decision == "hold":
+            return
+        with self._pump.lock if self._pump is not None else contextlib.nullcontext():
+            if decision == "add":
+                engine.add_worker()
+                self._num_workers = engine.num_workers
+            elif decision == "retire":
+                engine.retire_worker()
+                self._num_workers = tuner.num_workers
+                self._skip_refills += self._prefetch_factor
         if decision == "add":
-            engine.add_worker()
-            self._num_workers = engine.num_workers
             for _ in range(self._prefetch_factor):
                 self._try_put()
-        elif decision == "retire":
-            engine.retire_worker()
-            self._num_workers = tuner.num_workers
-            self._skip_refills += self._prefetch_factor
+        if self._pump is not None:
+            self._pump.wake()
 
     # -- statistics ---------------------------------------------------------------------------
     def _tick(self) -> None:
@@ -368,6 +416,10 @@ class LoaderIterator:
         return self._meter.snapshot(scope=scope, num_workers=self._num_workers, **fields)
 
     def _engine_fields(self) -> dict[str, Any]:
+        with self._pump.lock if self._pump is not None else contextlib.nullcontext():
+            return self._engine_fields_locked()
+
+    def _engine_fields_locked(self) -> dict[str, Any]:
         engine = self._engine
         assert engine is not None
         wall = max(1e-9, time.monotonic() - engine.started)
@@ -392,8 +444,12 @@ class LoaderIterator:
         self._counts.clear()
         self._epoch_ended = False
         self._IterableDataset_len_called = loader._IterableDataset_len_called
+        self._host_counts = None
         if self._engine is None:
             self._start_engine(loader)
+        elif self._pump is not None:
+            assert self._codec is not None
+            self._pump.new_epoch(_IndexSource(self._sampler_iter, self._codec))
         else:
             self._engine.new_epoch()
         self._prime()
@@ -414,8 +470,11 @@ class LoaderIterator:
         process that merely inherited this iterator (a forked worker of another loader) it only
         drops the references: the workers and slots belong to the process that made them."""
         if os.getpid() != self._owner_pid:
-            self._engine = self._arena = None
+            self._engine = self._arena = self._pump = None
             return
+        pump, self._pump = self._pump, None
+        if pump is not None:
+            pump.close()  # first: the thread must not touch the engine while it closes
         if self._engine is not None:
             self._last_fields = self._engine_fields()
             if self._report_final is not None:

@@ -134,7 +134,12 @@ class SlotArena:
                 "memory, or max_shared_bytes). Lower batch_size / max_tokens or prefetch_factor, "
                 "or free memory."
             )
-        self._lock = threading.Lock()
+        # Reentrant: a finalizer freeing a slot may run in the middle of arena code (a garbage
+        # collection triggered by an allocation made under the lock).
+        self._lock = threading.RLock()
+        #: Called (outside the lock, on whatever thread dropped the batch) after a batch's slot
+        #: is freed by the garbage collector: the engine thread may dispatch into it.
+        self.on_release: Callable[[], None] | None = None
         self._segments: dict[int, _Segment] = {}
         self._free: deque[SlotRef] = deque()
         self._temporary_ids: set[int] = set()
@@ -218,8 +223,11 @@ class SlotArena:
     def _on_collected(self, ref: SlotRef) -> None:
         with self._lock:
             self.exported -= 1
-            if not self._closed:
-                self._release_locked(ref)
+            if self._closed:
+                return
+            self._release_locked(ref)
+        if self.on_release is not None:
+            self.on_release()
 
     def close(self) -> None:
         """Free every segment (call after the workers are gone). Slots still viewed by consumer

@@ -202,6 +202,31 @@ class Engine:
                     self._on_result(wid, msg, refill)
                     started = time.monotonic()
 
+    def collect(self, refill: Callable[[], None]) -> list[tuple[int, Any]]:
+        """Without blocking: handle what the workers have sent, then return every batch that may
+        now be delivered, in order, as ``(OK, batch)`` or ``(FAILED, exception)`` (see
+        :meth:`get`). For a caller that waits on :meth:`fds` itself (``_pump.Pump``)."""
+        for wid, msg in self._pool.wait(0):
+            if isinstance(msg, WorkerDied):
+                self._on_death(wid, msg)
+            else:
+                self._on_result(wid, msg, refill)
+        out: list[tuple[int, Any]] = []
+        while True:
+            found, item = self._reorder.pop()
+            if not found:
+                return out
+            assert item is not None
+            kind, task, payload = item
+            if kind == FAILED:
+                out.append((FAILED, rebuild_exception(payload, task.seq)))
+            else:
+                out.append((OK, self._codec.decode(task.index, payload)))
+
+    def fds(self) -> list[int]:
+        """What to block on until :meth:`collect` has something to do."""
+        return self._pool.fds()
+
     def _on_result(self, wid: int, msg: tuple[Any, ...], refill: Callable[[], None]) -> None:
         epoch, seq, kind, payload, busy_s, read_s = msg
         self.busy_total_s += busy_s

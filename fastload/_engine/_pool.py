@@ -112,10 +112,7 @@ class WorkerPool:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.send_bytes(dumps_task(msg))
 
-    def wait(self, timeout_s: float) -> list[tuple[int, Any]]:
-        """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
-        pairs in arrival order per worker; a worker that died is reported once, as a
-        :class:`WorkerDied`, after every result it managed to send."""
+    def _watch(self) -> select.poll:
         if self._poller is None:
             self._poller = select.poll()
             self._watched = {}
@@ -124,8 +121,21 @@ class WorkerPool:
                     for fd, kind in ((conn.fileno(), "result"), (proc.sentinel, "death")):
                         self._poller.register(fd, select.POLLIN)
                         self._watched[fd] = (wid, kind)
+        return self._poller
+
+    def fds(self) -> list[int]:
+        """The file descriptors :meth:`wait` watches (result pipes and process sentinels), for a
+        caller that blocks on them itself; the set changes when a worker starts or leaves."""
+        self._watch()
+        return list(self._watched)
+
+    def wait(self, timeout_s: float) -> list[tuple[int, Any]]:
+        """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
+        pairs in arrival order per worker; a worker that died is reported once, as a
+        :class:`WorkerDied`, after every result it managed to send."""
+        poller = self._watch()
         try:
-            ready = self._poller.poll(max(0, int(timeout_s * 1000)))
+            ready = poller.poll(max(0, int(timeout_s * 1000)))
         except InterruptedError:
             ready = []
         events: list[tuple[int, Any]] = []

@@ -50,6 +50,11 @@ ENGINE_FIELDS = frozenset(
 )
 
 
+#: Logged waits folded into the totals at the latest after this many entries (bounded memory;
+#: one fold costs a few hundred microseconds).
+_FOLD_EVERY = 512
+
+
 @dataclass
 class _Totals:
     """Running sums over one scope (an epoch, or the run)."""
@@ -84,6 +89,10 @@ class StallMeter:
 
     def __init__(self, clock: Clock = time.perf_counter) -> None:
         self._clock = clock
+        # begin_wait/end_wait only log a timestamp (they run inside next(), where every
+        # microsecond is stall); the log is folded into the totals when they are read.
+        self._log: list[tuple[float, int, int | None, int | None] | float] = []
+        self._open_wait = False
         self._epoch = 0
         self._run = _Totals()
         self._current = _Totals()
@@ -100,16 +109,48 @@ class StallMeter:
     def wait_s(self) -> float:
         """The run's steady wait so far (seconds); cheap, for per-batch callers such as
         :class:`~fastload._metrics.AutoTuner`."""
+        self._fold()
         return self._run.wait_s
 
     @property
     def step_s(self) -> float:
         """The run's step time so far (seconds); cheap, like :attr:`wait_s`."""
+        self._fold()
         return self._run.step_s
 
     def begin_wait(self) -> None:
         """The consumer enters ``next()``: closes the open step, if any, and starts a wait."""
+        self._log.append(self._clock())
+        self._open_wait = True
+
+    def end_wait(
+        self, samples: int, real_tokens: int | None = None, padded_tokens: int | None = None
+    ) -> None:
+        """``next()`` returned a batch of ``samples`` rows holding ``real_tokens`` tokens in a
+        padded tensor of ``padded_tokens`` (rows * padded length; ``None`` when the batch has
+        no ragged field or the caller does not know). Starts the step on it."""
         now = self._clock()
+        if not self._open_wait:
+            raise RuntimeError("StallMeter.end_wait() called without a matching begin_wait()")
+        if samples < 0 or (real_tokens or 0) < 0 or (padded_tokens or 0) < 0:
+            raise ValueError(
+                f"StallMeter.end_wait: counts must be >= 0; got samples={samples}, "
+                f"real_tokens={real_tokens}, padded_tokens={padded_tokens}"
+            )
+        self._open_wait = False
+        self._log.append((now, samples, real_tokens, padded_tokens))
+        if len(self._log) >= _FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        log, self._log = self._log, []
+        for entry in log:
+            if isinstance(entry, tuple):
+                self._apply_end(*entry)
+            else:
+                self._apply_begin(entry)
+
+    def _apply_begin(self, now: float) -> None:
         if self._step_started is not None and self._stepping is not None:
             step = max(0.0, now - self._step_started)
             for totals in (self._run, self._current):
@@ -122,20 +163,10 @@ class StallMeter:
         self._stepping = None
         self._wait_started = now
 
-    def end_wait(
-        self, samples: int, real_tokens: int | None = None, padded_tokens: int | None = None
+    def _apply_end(
+        self, now: float, samples: int, real_tokens: int | None, padded_tokens: int | None
     ) -> None:
-        """``next()`` returned a batch of ``samples`` rows holding ``real_tokens`` tokens in a
-        padded tensor of ``padded_tokens`` (rows * padded length; ``None`` when the batch has
-        no ragged field or the caller does not know). Starts the step on it."""
-        if self._wait_started is None:
-            raise RuntimeError("StallMeter.end_wait() called without a matching begin_wait()")
-        if samples < 0 or (real_tokens or 0) < 0 or (padded_tokens or 0) < 0:
-            raise ValueError(
-                f"StallMeter.end_wait: counts must be >= 0; got samples={samples}, "
-                f"real_tokens={real_tokens}, padded_tokens={padded_tokens}"
-            )
-        now = self._clock()
+        assert self._wait_started is not None
         wait = max(0.0, now - self._wait_started)
         first = self._current.batches == 0
         for totals in (self._run, self._current):
@@ -160,6 +191,8 @@ class StallMeter:
     def end_epoch(self) -> LoaderStats:
         """Close the epoch (an open wait is dropped, an open step not counted) and return its
         summary (consumer-side fields only). The next batch starts a new epoch."""
+        self._fold()
+        self._open_wait = False
         summary = self._stats(self._current, epoch=self._epoch).with_diagnosis()
         self._epoch += 1
         self._current = _Totals()
@@ -180,6 +213,7 @@ class StallMeter:
                 f"snapshot: unknown engine fields {sorted(unknown)}; accepted: "
                 f"{', '.join(sorted(ENGINE_FIELDS))}"
             )
+        self._fold()
         totals = self._run if scope == "run" else self._current
         fields = {"epoch": self._epoch, **engine_fields}
         return self._stats(totals, **fields).with_diagnosis()

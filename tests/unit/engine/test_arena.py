@@ -51,6 +51,20 @@ def test_an_exported_slot_is_reused_only_after_every_view_is_gone() -> None:
     arena.close()
 
 
+def test_on_release_is_called_after_a_collected_slot_is_free_again() -> None:
+    arena = _arena(slots=1)
+    calls: list[int] = []
+    arena.on_release = lambda: calls.append(arena.in_use)
+    ref = arena.reserve()
+    base = arena.export(ref, 64)
+    arena.release(arena.reserve())  # an explicit release (never exported) does not call it
+    assert calls == []
+    del base
+    gc.collect()
+    assert calls == [0]  # called once, with the slot already back in the free list
+    arena.close()
+
+
 def test_growth_stops_at_max_bytes_with_a_clear_error() -> None:
     arena = SlotArena(slot_bytes=MiB, slots=2, max_bytes=3 * MiB)
     held = [arena.export(arena.reserve(), 8) for _ in range(3)]

@@ -186,3 +186,28 @@ def test_manual_clock_never_goes_backwards() -> None:
         clock.set(1.0)
     with pytest.raises(ValueError, match="finite"):
         clock.advance(math.inf)
+
+
+def test_long_runs_fold_the_logged_waits_into_the_same_totals() -> None:
+    # begin_wait/end_wait only log timestamps and fold every few hundred batches; totals read
+    # part-way (snapshot, wait_s) and at the end must equal the exact sums.
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    waits = [0.5] + [0.001 * (1 + k % 7) for k in range(1999)]
+    for k, wait in enumerate(waits):
+        meter.begin_wait()
+        clock.advance(wait)
+        meter.end_wait(2, 3, 4)
+        clock.advance(0.01)
+        if k == 700:
+            mid = meter.snapshot()
+            assert mid.batches == 701 and mid.wait_s == pytest.approx(sum(waits[1:701]))
+            assert meter.step_s == pytest.approx(700 * 0.01)
+    meter.begin_wait()
+    stats = meter.snapshot()
+    assert (stats.batches, stats.steady_batches, stats.samples) == (2000, 1999, 4000)
+    assert stats.wait_s == pytest.approx(sum(waits[1:]))
+    assert stats.step_s == pytest.approx(2000 * 0.01)
+    assert stats.padding_efficiency == pytest.approx(0.75)
+    assert stats.first_batch_s == 0.5
+    assert meter.end_epoch().batches == 2000

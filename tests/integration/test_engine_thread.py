@@ -1,0 +1,277 @@
+"""The fast path's engine thread (``_engine/_pump.py``): batches are received, decoded and the
+next tasks dispatched on a thread of the main process, so ``next()`` only takes a finished batch.
+
+What must hold with the thread as without it: torch's bound on how far the sampler runs ahead,
+exact and ordered epochs, errors raised at ``next()`` with the epoch then stopped, timeouts, and
+nothing left behind (threads, processes) however the iteration ends.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload.errors import LoaderTimeoutError, WorkerCrashedError
+
+N = 240
+
+
+@pytest.fixture(scope="module")
+def h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pump") / "data.h5"
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 90, N).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with h5py.File(path, "w") as f:
+        f.attrs["fastload_format"] = 1
+        f.attrs["num_samples"] = N
+        f.create_dataset("tokens/values", data=rng.integers(1, 30_000, int(offsets[-1])).astype(np.uint16))
+        f.create_dataset("tokens/offsets", data=offsets)
+        f.create_dataset("lengths", data=lengths)
+    return path
+
+
+def _collate() -> fastload.PadCollate:
+    return fastload.PadCollate(dtype=torch.int64, mask_dtype=torch.bool)
+
+
+def _pump_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "fastload-pump" and t.is_alive()]
+
+
+def _wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+class _CountingPlan:
+    """A batch sampler that records how many batches have been taken from it."""
+
+    def __init__(self, batches: list[list[int]], fail_at: int | None = None) -> None:
+        self.batches = batches
+        self.taken = 0
+        self.fail_at = fail_at
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Any:
+        for k, batch in enumerate(self.batches):
+            if k == self.fail_at:
+                raise RuntimeError(f"the plan has no batch {k}")
+            self.taken += 1
+            yield batch
+
+
+class _Reader(torch.utils.data.Dataset):
+    """A user's ``BatchReader`` over the fixture file, with a hook on each batch read."""
+
+    def __init__(self, path: Path) -> None:
+        self.inner = fastload.HDF5Dataset(path, fields=["tokens"])
+        self.lengths = self.inner.lengths
+        self.fields = self.inner.fields
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.inner[i]
+
+    def read_batch(self, indices: Any) -> Any:
+        self.hook(np.asarray(indices))
+        return self.inner.read_batch(indices)
+
+    def hook(self, indices: np.ndarray) -> None:
+        pass
+
+
+class _SlowAt(_Reader):
+    def __init__(self, path: Path, at: int, delay_s: float) -> None:
+        super().__init__(path)
+        self.at, self.delay_s = at, delay_s
+
+    def hook(self, indices: np.ndarray) -> None:
+        if self.at in indices.tolist():
+            time.sleep(self.delay_s)
+
+
+class _Slow(_Reader):
+    def hook(self, indices: np.ndarray) -> None:
+        time.sleep(0.03)  # batches are still being built when the sampler fails
+
+
+class _KillsWorkerAt(_Reader):
+    def __init__(self, path: Path, at: int) -> None:
+        super().__init__(path)
+        self.at = at
+
+    def hook(self, indices: np.ndarray) -> None:
+        if self.at in indices.tolist():
+            os._exit(3)
+
+
+def _plan(size: int = 8) -> list[list[int]]:
+    order = np.random.default_rng(5).permutation(N)
+    return [order[i : i + size].tolist() for i in range(0, N, size)]
+
+
+def test_the_fast_path_runs_the_engine_thread_and_the_generic_path_does_not(h5: Path) -> None:
+    it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
+    assert it.fast_path and it._pump is not None
+    assert len(_pump_threads()) == 1
+    list(it)
+    assert _wait_until(lambda: not _pump_threads())
+    generic = iter(fastload.DataLoader(torch.arange(40), batch_size=8, num_workers=2))
+    assert generic._pump is None and not _pump_threads()
+    list(generic)
+
+
+def test_the_sampler_runs_ahead_by_prefetch_factor_times_workers_and_no_more(h5: Path) -> None:
+    plan = _CountingPlan(_plan())
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, prefetch_factor=3, collate_fn=_collate()
+    )
+    it = iter(loader)
+    held = []
+    for consumed in range(5):
+        assert _wait_until(lambda c=consumed: plan.taken == c + 6)
+        time.sleep(0.05)  # give a wrong implementation the time to overrun
+        assert plan.taken == consumed + 6
+        held.append(next(it))
+    rest = list(it)
+    assert len(held) + len(rest) == len(plan)
+
+
+def test_batches_are_built_and_decoded_before_the_consumer_asks(h5: Path) -> None:
+    it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
+    pump = it._pump
+    assert _wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
+    first = next(it)
+    assert isinstance(first["tokens"], torch.Tensor)  # a decoded batch, not a descriptor
+    assert len(list(it)) == len(it) - 1
+
+
+def test_a_consumer_that_holds_every_batch_with_one_task_in_flight_does_not_hang(h5: Path) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=8, num_workers=1, prefetch_factor=1, collate_fn=_collate()
+    )
+    held = list(loader)  # every batch kept alive: no slot is ever freed to wake the thread
+    assert sum(len(b["lengths"]) for b in held) == N
+    expected = np.concatenate([b["lengths"].numpy() for b in held])
+    assert expected.tolist() == fastload.HDF5Dataset(h5).lengths.tolist()
+
+
+def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_epoch(h5: Path) -> None:
+    plan = _CountingPlan(_plan(), fail_at=7)
+    it = iter(fastload.DataLoader(_Slow(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
+    pids = it.worker_pids
+    got = []
+    with pytest.raises(RuntimeError, match="the plan has no batch 7"):
+        while True:
+            got.append(next(it)["lengths"].tolist())
+    assert got == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan.batches[:7]]
+    with pytest.raises(StopIteration):
+        next(it)
+    assert _wait_until(lambda: not _pump_threads())
+    assert _wait_until(lambda: not any(_alive(p) for p in pids))
+
+
+def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path) -> None:
+    plan = _plan()
+    loader = fastload.DataLoader(
+        _SlowAt(h5, at=plan[2][0], delay_s=30), batch_sampler=plan, num_workers=2, timeout=0.5, collate_fn=_collate()
+    )
+    it = iter(loader)
+    next(it), next(it)
+    started = time.monotonic()
+    with pytest.raises(LoaderTimeoutError, match=r"timed out after 0\.5 seconds"):
+        next(it)
+    assert time.monotonic() - started < 3.0
+    assert _wait_until(lambda: not _pump_threads())
+
+
+def test_a_batch_that_keeps_killing_workers_ends_the_epoch_with_a_named_error(h5: Path) -> None:
+    plan = _plan()
+    victim = plan[3][2]
+    before = {p.pid for p in psutil_children()}  # other tests may leave a forkserver behind
+    it = iter(fastload.DataLoader(_KillsWorkerAt(h5, at=victim), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
+    got = [next(it) for _ in range(3)]
+    with pytest.raises(WorkerCrashedError, match=rf"(?s)building batch 3 from sample indices \[.*{victim}"):
+        next(it)
+    assert len(got) == 3
+    assert _wait_until(lambda: not _pump_threads())
+    assert _wait_until(lambda: not {p.pid for p in psutil_children()} - before)
+
+
+@pytest.mark.parametrize("how", ["break", "del", "exception"])
+def test_leaving_an_epoch_early_stops_the_thread_and_the_workers(h5: Path, how: str) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate())
+    it = iter(loader)
+    pids = it.worker_pids
+    next(it)
+    if how == "break":
+        for _ in it:
+            break
+        del it
+    elif how == "del":
+        del it
+    else:
+        try:
+            for _ in it:
+                raise KeyError("in the training step")
+        except KeyError:
+            pass
+        del it
+    del loader
+    gc.collect()
+    assert _wait_until(lambda: not _pump_threads())
+    assert _wait_until(lambda: not any(_alive(p) for p in pids))
+
+
+def test_persistent_workers_keep_one_thread_across_epochs_and_each_epoch_is_exact(h5: Path) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
+        collate_fn=_collate(), generator=torch.Generator().manual_seed(0),
+    )
+    everything = sorted(fastload.HDF5Dataset(h5).lengths.tolist())
+    for epoch in range(4):
+        if epoch == 2:  # abandon this one half-way: its prefetched batches must not leak into the next
+            for k, _ in enumerate(loader):
+                if k == 5:
+                    break
+            continue
+        seen = sorted(x for b in loader for x in b["lengths"].tolist())
+        assert seen == everything
+        assert len(_pump_threads()) == 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is as good as gone: reaped by its parent soon
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def psutil_children() -> list[Any]:
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
