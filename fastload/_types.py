@@ -44,6 +44,17 @@ class Ragged(NamedTuple):
     lengths: npt.NDArray[np.int64]
 
 
+class Spans(NamedTuple):
+    """A ragged field left where it lies: sample ``i`` is ``source[starts[i] : starts[i] +
+    lengths[i]]``. A reader whose values are memory-mapped hands this to the fast path's padding
+    (``_read_batch_in_place``), which gathers straight from ``source`` into the batch slot
+    instead of concatenating the samples first. ``read_batch`` never returns it."""
+
+    source: np.ndarray
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+
+
 Column = Ragged | np.ndarray | list
 ColumnarBatch = dict[str, Column]
 

@@ -12,6 +12,14 @@ development machine (benchmarks/bench_sampling.py has the current figures):
   scatter.
 
 ``pad_into`` picks by the padded row size in bytes; both kernels write identical output.
+
+With ``starts`` the rows are not back to back but lie anywhere in ``values`` (a reader's memory
+map, see ``Spans``). Then a third kernel, **window**, gathers each row's ``width`` elements from
+``values[start:]`` in one fancy index over a sliding-window view (one contiguous copy per row, in
+C) and masks the padding in the same pass as the cast to the output dtype: no concatenated copy
+of the samples, no ``fill`` and no boolean scatter. It reads past each sample into its
+neighbours, which the mask discards; rows whose window would leave ``values`` fall back to one
+slice copy per row.
 """
 
 from __future__ import annotations
@@ -45,13 +53,21 @@ def pad_into(
     pad_value: int | float | bool,
     left: bool,
     mask_out: np.ndarray | None,
+    starts: npt.NDArray[np.int64] | None = None,
 ) -> None:
-    """Write the ragged rows ``values`` (row ``i`` has ``lengths[i]`` elements, back to back)
-    into ``out`` (``[B, L, *elem]``), keeping each row's first ``kept[i] <= lengths[i]``
-    elements and padding the rest of the row with ``pad_value``; write the row mask (1 on kept
-    elements) into ``mask_out`` (``[B, L]``) when given."""
+    """Write the ragged rows ``values`` (row ``i`` has ``lengths[i]`` elements, back to back, or
+    at ``values[starts[i]:]`` when ``starts`` is given) into ``out`` (``[B, L, *elem]``), keeping
+    each row's first ``kept[i] <= lengths[i]`` elements and padding the rest of the row with
+    ``pad_value``; write the row mask (1 on kept elements) into ``mask_out`` (``[B, L]``) when
+    given."""
     rows, width = out.shape[0], out.shape[1]
     if rows == 0:
+        return
+    if starts is not None:
+        if out.nbytes // rows >= ROW_COPY_MIN_BYTES or not _window_rows(
+            values, starts, kept, out, pad_value=pad_value, left=left, mask_out=mask_out
+        ):
+            _copy_rows(values, starts, kept, out, pad_value=pad_value, left=left, mask_out=mask_out)
         return
     starts = np.zeros(rows, dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
@@ -65,6 +81,41 @@ def pad_into(
     out[mask] = values
     if mask_out is not None:
         np.copyto(mask_out, mask)
+
+
+def _window_rows(
+    values: np.ndarray,
+    starts: npt.NDArray[np.int64],
+    kept: npt.NDArray[np.int64],
+    out: np.ndarray,
+    *,
+    pad_value: int | float | bool,
+    left: bool,
+    mask_out: np.ndarray | None,
+) -> bool:
+    """The window kernel; ``False`` (nothing written) when a row's window leaves ``values``."""
+    width = out.shape[1]
+    count = values.shape[0]
+    if width == 0 or width > count:
+        return False
+    first = starts + kept - width if left else starts
+    if int(first.min()) < 0 or int(first.max()) > count - width:
+        return False
+    elem = values.shape[1:]
+    windows = np.lib.stride_tricks.as_strided(
+        values, (count - width + 1, width, *elem), (values.strides[0], *values.strides), writeable=False
+    )
+    gathered = windows[first]
+    mask = row_mask(kept, width, left=left)
+    where = mask.reshape(mask.shape + (1,) * len(elem))
+    if pad_value == 0 and values.dtype.kind in "biu":  # one pass: multiply by the 0/1 mask
+        np.multiply(gathered, where, out=out, casting="unsafe")
+    else:  # floats: NaN * 0 is NaN, so copy under the mask instead
+        out.fill(pad_value)
+        np.copyto(out, gathered, casting="unsafe", where=where)
+    if mask_out is not None:
+        np.copyto(mask_out, mask)
+    return True
 
 
 def _copy_rows(

@@ -19,11 +19,11 @@ import torch
 
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pad_into
-from fastload._types import Column, Field, Ragged
+from fastload._types import Column, Field, Ragged, Spans
 from fastload.errors import DataFormatError, FieldNotFoundError
 
 #: A columnar batch as PadCollate reads it (``Columns``, or any mapping like it).
-Columns = Mapping[str, Column]
+Columns = Mapping[str, Column | Spans]
 #: Output name → (shape, numpy dtype) of every array ``collate_into`` writes.
 Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 Scalar = bool | int | float
@@ -56,7 +56,7 @@ class _RaggedOut:
     """How one ragged field of one batch is written."""
 
     name: str
-    column: Ragged
+    column: Ragged | Spans
     kept: npt.NDArray[np.int64]  # row lengths after truncation to max_length
     width: int  # padded length: the longest kept row, rounded up to the multiple
     dtype: np.dtype
@@ -162,14 +162,16 @@ class PadCollate:
             if isinstance(column, np.ndarray):
                 np.copyto(out[name], column)
         for spec in ragged:
+            source = spec.column
             pad_into(
-                spec.column.values,
-                spec.column.lengths,
+                _values(source),
+                source.lengths,
                 spec.kept,
                 out[spec.name],
                 pad_value=spec.pad_value,
                 left=self._left,
                 mask_out=None if spec.mask_name is None else out[spec.mask_name],
+                starts=source.starts if isinstance(source, Spans) else None,
             )
             out[spec.lengths_name][...] = spec.kept
 
@@ -213,7 +215,7 @@ class PadCollate:
                 layout[name] = ((rows, *column.shape[1:]), column.dtype)
             elif name in specs:
                 spec = specs[name]
-                layout[name] = ((rows, spec.width, *spec.column.values.shape[1:]), spec.dtype)
+                layout[name] = ((rows, spec.width, *_values(spec.column).shape[1:]), spec.dtype)
         for spec in ragged:  # then the masks and lengths they generate
             if spec.mask_name is not None:
                 layout[spec.mask_name] = ((rows, spec.width), self._mask_dtype)
@@ -224,7 +226,9 @@ class PadCollate:
         """The selected columns, how each ragged one is written, and the batch size."""
         columns = self._select(batch)
         rows = _batch_size(columns)
-        ragged_names = [name for name, column in columns.items() if isinstance(column, Ragged)]
+        ragged_names = [
+            name for name, column in columns.items() if isinstance(column, (Ragged, Spans))
+        ]
         primary = self._primary
         if primary is None:
             primary = ragged_names[0] if ragged_names else None
@@ -236,17 +240,17 @@ class PadCollate:
         specs = []
         for name in ragged_names:
             column = columns[name]
-            assert isinstance(column, Ragged)
+            assert isinstance(column, (Ragged, Spans))
             specs.append(self._ragged_out(name, column, primary=name == primary))
         _check_names(columns, specs)
         return columns, specs, rows
 
-    def _ragged_out(self, name: str, column: Ragged, *, primary: bool) -> _RaggedOut:
+    def _ragged_out(self, name: str, column: Ragged | Spans, *, primary: bool) -> _RaggedOut:
         lengths = np.asarray(column.lengths, dtype=np.int64)
         kept = lengths if self._max_length is None else np.minimum(lengths, self._max_length)
         longest = int(kept.max()) if kept.size else 0
         width = -(-longest // self._multiple) * self._multiple
-        stored = column.values.dtype
+        stored = _values(column).dtype
         default = stored if self._dtype_default is None else self._dtype_default
         dtype = np.dtype(self._dtypes.get(name, default))
         pad_value = self._pad_values.get(name, self._pad_default)
@@ -270,6 +274,11 @@ class PadCollate:
         )
 
 
+def _values(column: Ragged | Spans) -> np.ndarray:
+    """Where a ragged column's elements lie (their dtype and element shape)."""
+    return column.source if isinstance(column, Spans) else column.values
+
+
 def _optional_positive(option: str, value: object) -> int | None:
     if value is None:
         return None
@@ -287,7 +296,9 @@ def _names(option: str, names: Collection[str]) -> list[str]:
 def _batch_size(columns: Columns) -> int:
     sizes = {}
     for name, column in columns.items():
-        if isinstance(column, Ragged):
+        if isinstance(column, Spans):
+            sizes[name] = int(column.lengths.shape[0])
+        elif isinstance(column, Ragged):
             sizes[name] = int(column.lengths.shape[0])
             if column.values.shape[0] != int(column.lengths.sum()):
                 raise DataFormatError(

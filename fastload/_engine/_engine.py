@@ -202,11 +202,17 @@ class Engine:
                     self._on_result(wid, msg, refill)
                     started = time.monotonic()
 
-    def collect(self, refill: Callable[[], None]) -> list[tuple[int, Any]]:
+    def collect(
+        self,
+        refill: Callable[[], None],
+        ready: list[tuple[int, int]] | None = None,
+        generation: int | None = None,
+    ) -> list[tuple[int, Any]]:
         """Without blocking: handle what the workers have sent, then return every batch that may
         now be delivered, in order, as ``(OK, batch)`` or ``(FAILED, exception)`` (see
-        :meth:`get`). For a caller that waits on :meth:`fds` itself (``_pump.Pump``)."""
-        for wid, msg in self._pool.wait(0):
+        :meth:`get`). For a caller that polls :meth:`watch` itself (``_pump.Pump``) and passes
+        what it found."""
+        for wid, msg in self._pool.wait(0, ready, generation):
             if isinstance(msg, WorkerDied):
                 self._on_death(wid, msg)
             else:
@@ -223,9 +229,11 @@ class Engine:
             else:
                 out.append((OK, self._codec.decode(task.index, payload)))
 
-    def fds(self) -> list[int]:
-        """What to block on until :meth:`collect` has something to do."""
-        return self._pool.fds()
+    def watch(self) -> tuple[int, list[int]]:
+        """What to block on until :meth:`collect` has something to do, and the generation of
+        that set (it changes when a worker starts or leaves)."""
+        fds = self._pool.fds()
+        return self._pool.generation, fds
 
     def _on_result(self, wid: int, msg: tuple[Any, ...], refill: Callable[[], None]) -> None:
         epoch, seq, kind, payload, busy_s, read_s = msg

@@ -83,7 +83,9 @@ class SlotBuilder:
 
     def build(self, task: SlotTask) -> SlotBatch | Oversize:
         started = time.perf_counter()
-        columnar = self.dataset.read_batch(task.indices)
+        # fastload's readers can leave mapped samples in place for the padding to gather from.
+        read = getattr(self.dataset, "_read_batch_in_place", None) or self.dataset.read_batch
+        columnar = read(task.indices)
         self.last_read_s = time.perf_counter() - started
         arrays, nbytes = plan_layout(self.collate.layout(columnar))
         if nbytes > task.slot.capacity:

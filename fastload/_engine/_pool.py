@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import os
 import select
+import struct
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -35,6 +36,10 @@ from fastload._engine._worker import WorkerSpec, worker_main
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
+# multiprocessing.Connection's framing, which the workers write with send_bytes: a signed
+# big-endian 4-byte length, or -1 followed by an unsigned 8-byte length for large messages.
+_HEADER = struct.Struct("!i")
+_LONG_HEADER = struct.Struct("!Q")
 
 
 class WorkerDied:
@@ -70,9 +75,14 @@ class WorkerPool:
         self._tasks: list[Connection | None] = [None] * num_workers
         self._results: list[Connection | None] = [None] * num_workers
         self._retired: list[Any] = []  # stopped on purpose, not yet reaped
+        # Bytes read from each result pipe that do not yet make a whole message. The pipes are
+        # read raw and non-blocking: one read per wake-up instead of a poll, two reads and
+        # another poll per message through Connection.recv_bytes.
+        self._inbox: list[bytearray] = [bytearray() for _ in range(num_workers)]
         # One poll object over every result pipe and process sentinel, rebuilt (None) whenever
         # a worker starts or leaves: cheaper than multiprocessing.connection.wait per call.
         self._poller: select.poll | None = None
+        self.generation = 0  # bumped whenever the set of watched descriptors changes
         self._watched: dict[int, tuple[int, str]] = {}
         self._closed = False
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
@@ -97,8 +107,11 @@ class WorkerPool:
         proc.start()
         writer.close()  # the worker holds the only write end: its death closes the pipe
         task_reader.close()
+        os.set_blocking(reader.fileno(), False)
+        self._inbox[wid] = bytearray()
         self._procs[wid], self._tasks[wid], self._results[wid] = proc, task_writer, reader
         self._poller = None
+        self.generation += 1
 
     @property
     def pids(self) -> list[int]:
@@ -129,19 +142,31 @@ class WorkerPool:
         self._watch()
         return list(self._watched)
 
-    def wait(self, timeout_s: float) -> list[tuple[int, Any]]:
+    def wait(
+        self,
+        timeout_s: float,
+        ready: list[tuple[int, int]] | None = None,
+        generation: int | None = None,
+    ) -> list[tuple[int, Any]]:
         """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
         pairs in arrival order per worker; a worker that died is reported once, as a
-        :class:`WorkerDied`, after every result it managed to send."""
+        :class:`WorkerDied`, after every result it managed to send. A caller that has already
+        polled :meth:`fds` passes what it found as ``ready`` with the :attr:`generation` it
+        polled at (no second poll); from an older generation it is ignored (a descriptor
+        number may since belong to another worker)."""
         poller = self._watch()
-        try:
-            ready = poller.poll(max(0, int(timeout_s * 1000)))
-        except InterruptedError:
-            ready = []
+        if ready is None or generation != self.generation:
+            try:
+                ready = poller.poll(max(0, int(timeout_s * 1000)))
+            except InterruptedError:
+                ready = []
         events: list[tuple[int, Any]] = []
         dead: list[int] = []
         for fd, _ in ready:
-            wid, kind = self._watched[fd]
+            watched = self._watched.get(fd)
+            if watched is None:
+                continue  # polled before a worker left or was replaced
+            wid, kind = watched
             if kind == "result":
                 events.extend((wid, m) for m in self._drain(wid))
             elif wid not in dead:
@@ -162,14 +187,39 @@ class WorkerPool:
         out: list[Any] = []
         if conn is None:
             return out
-        # EOFError/OSError: the end of a dead worker's pipe, or a message cut off by its death.
-        with contextlib.suppress(EOFError, OSError):
-            while conn.poll(0):
-                out.append(loads(conn.recv_bytes()))
+        inbox = self._inbox[wid]
+        fd = conn.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, _PIPE_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break  # the end of a dead worker's pipe
+            if not chunk:
+                break  # end of file: the worker is gone; a message it cut off stays unread
+            inbox += chunk
+            if len(chunk) < _PIPE_BYTES:
+                break  # the pipe is empty now; more wakes the poll again
+        start, end = 0, len(inbox)
+        while end - start >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(inbox, start)
+            head = _HEADER.size
+            if size == -1:
+                if end - start < head + _LONG_HEADER.size:
+                    break
+                (size,) = _LONG_HEADER.unpack_from(inbox, start + head)
+                head += _LONG_HEADER.size
+            if end - start - head < size:
+                break
+            out.append(loads(inbox[start + head : start + head + size]))
+            start += head + size
+        del inbox[:start]
         return out
 
     def _discard(self, wid: int) -> None:
         self._poller = None
+        self.generation += 1
         for conn in (self._results[wid], self._tasks[wid]):
             if conn is not None:
                 conn.close()
@@ -193,6 +243,7 @@ class WorkerPool:
         self._procs.append(None)
         self._tasks.append(None)
         self._results.append(None)
+        self._inbox.append(bytearray())
         self._start(wid)
         return wid
 
@@ -200,8 +251,10 @@ class WorkerPool:
         """Stop the highest worker, which holds no task: it exits after reading ``None``. It is
         reaped later, without waiting now."""
         self._poller = None
+        self.generation += 1
         wid = len(self._procs) - 1
         proc, tasks, results = self._procs.pop(), self._tasks.pop(), self._results.pop()
+        self._inbox.pop()
         for conn in (tasks, results):
             if conn is not None:
                 if conn is tasks:

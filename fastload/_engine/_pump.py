@@ -174,18 +174,24 @@ class Pump:
     def _run(self) -> None:
         poller: select.poll | None = None
         watched: list[int] = []
+        generation = -1
+        ready: list[tuple[int, int]] | None = None  # what the last poll found; None: poll again
         while True:
             with self.lock:
                 if self._stop:
                     return
                 if not self._halted:
                     try:
-                        self._step()
+                        self._step(ready, generation)
                     except BaseException as exc:  # the consumer raises it; nothing more is sent
                         self._halted = True
                         self._push((ERROR, exc, None))
-                fds = [] if self._halted else self._engine.fds()
+                if self._halted:
+                    fds: list[int] = []
+                else:
+                    generation, fds = self._engine.watch()
                 more = self._granted > self._used and not self._spent and not self._halted
+            ready = None
             if fds != watched or poller is None:
                 poller, watched = select.poll(), fds
                 for fd in (*fds, self._wake_r):
@@ -193,15 +199,20 @@ class Pump:
             if more:
                 continue  # a grant arrived while working: use it before blocking
             self._sleeping = True
+            events: list[tuple[int, int]] = []
             if self._granted <= self._used or self._spent or self._halted:
                 with contextlib.suppress(InterruptedError):
-                    poller.poll(_IDLE_POLL_MS)
+                    events = poller.poll(_IDLE_POLL_MS)
             self._sleeping = False
-            with contextlib.suppress(OSError):
-                while os.read(self._wake_r, 4096):
-                    pass
+            ready = [event for event in events if event[0] != self._wake_r]
+            if len(ready) < len(events):
+                with contextlib.suppress(OSError):
+                    while os.read(self._wake_r, 4096):
+                        pass
+            if not events:
+                ready = None  # timed out, or a grant slipped in: poll the workers afresh
 
-    def _step(self) -> None:
+    def _step(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
         engine = self._engine
         while self._granted > self._used and not self._spent:
             try:
@@ -213,7 +224,7 @@ class Pump:
                 self._spent = True
             else:
                 engine.put(index)
-        items = engine.collect(self._refill)
+        items = engine.collect(self._refill, ready, generation)
         if items:
             counts = self._counts
             self._push_all([(kind, value, counts(value) if kind == OK else None) for kind, value in items])

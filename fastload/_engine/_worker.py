@@ -14,6 +14,7 @@ import dataclasses
 import os
 import pickle
 import random
+import select
 import signal
 import time
 import traceback
@@ -118,9 +119,15 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progre
         init_failure = _failure(exc, spec, index=None)
 
     exhausted = False
+    # One poll object for the life of the worker (Connection.poll builds a selector per call).
+    waiter = select.poll()
+    waiter.register(tasks.fileno(), select.POLLIN)
+    # Fast-path replies are small descriptors: the plain pickler, not the one that moves arrays
+    # through shared memory (whose set-up alone costs more than the descriptor).
+    encode = dumps if spec.builder is None else _plain_dumps
     try:
         while True:
-            if not tasks.poll(_POLL_S):
+            if not waiter.poll(_POLL_S * 1000):
                 if not _parent_alive(spec, ppid):
                     return
                 continue
@@ -147,7 +154,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progre
                 reply = (task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None))
                 exhausted = kind == EXHAUSTED
             try:
-                data = dumps(reply)
+                data = encode(reply)
             except Exception as exc:  # an unpicklable batch fails that batch, not the worker
                 data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index), 0.0, None))
             del reply
@@ -158,6 +165,10 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progre
         return  # the main process is gone or closed our pipe
     finally:
         results.close()
+
+
+def _plain_dumps(obj: Any) -> bytes:
+    return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
 
 
 def _new_fetcher(spec: WorkerSpec) -> Any:

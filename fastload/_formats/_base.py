@@ -166,6 +166,23 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return {name: self._read(s, name, local, rows) for name in self._fields}
         return self._read_across_shards(rows, shard)
 
+    def _read_batch_in_place(self, indices: npt.ArrayLike) -> ColumnarBatch:
+        """:meth:`read_batch` for the fast path's padding: when every sample lies in one shard,
+        a memory-mapped ragged field comes back as :class:`~fastload._types.Spans` over the map
+        instead of a concatenated copy (the padding gathers from the map straight into the
+        batch slot). Anything else is read as by :meth:`read_batch`."""
+        rows = normalize_indices(indices, self._num_samples)
+        if rows.size == 0:
+            return self.read_batch(rows)
+        if len(self._files) == 1:
+            return {name: self._read(0, name, rows, rows, in_place=True) for name in self._fields}
+        shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
+        if (shard == shard[0]).all():
+            s = int(shard[0])
+            local = rows - self._shard_starts[s]
+            return {name: self._read(s, name, local, rows, in_place=True) for name in self._fields}
+        return self._read_across_shards(rows, shard)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as ``{field: value}``: an array per ragged field, an array or numpy
         scalar per fixed field, a ``str``/``bytes`` per object field."""
@@ -230,10 +247,19 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         return reader
 
     def _read(
-        self, shard: int, name: str, local: npt.NDArray[np.int64], rows: npt.NDArray[np.int64]
+        self,
+        shard: int,
+        name: str,
+        local: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+        *,
+        in_place: bool = False,
     ) -> Column:
         try:
-            return self._shard(shard).read(name, local)
+            reader = self._shard(shard)
+            if in_place:
+                return getattr(reader, "read_in_place", reader.read)(name, local)
+            return reader.read(name, local)
         except DataFormatError:
             raise  # already names the file, the field and the sample
         except self._read_errors as exc:

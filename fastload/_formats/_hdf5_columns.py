@@ -40,11 +40,23 @@ class OffsetsColumn:
         self.uses_hdf5 = not (isinstance(values, MappedRows) and isinstance(offsets, MappedRows))
 
     def read(self, rows: npt.NDArray[np.int64]) -> Column:
+        starts, lengths = self._spans(rows)
+        return Ragged(self._values.ranges(starts, lengths), lengths)
+
+    def read_in_place(self, rows: npt.NDArray[np.int64]) -> Column:
+        """Like :meth:`read`, but :class:`Spans` over the memory map when the values are
+        mapped (no copy at all)."""
+        starts, lengths = self._spans(rows)
+        spans = getattr(self._values, "spans", None)
+        located = spans(starts, lengths) if spans is not None else None
+        return located if located is not None else Ragged(self._values.ranges(starts, lengths), lengths)
+
+    def _spans(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         starts = self._offsets.take(rows)
         lengths = self._offsets.take(rows + 1) - starts
         if starts.dtype != np.int64:  # the layout says int64; other integer types are accepted
             starts, lengths = starts.astype(np.int64), lengths.astype(np.int64)
-        return Ragged(self._values.ranges(starts, lengths), lengths)
+        return starts, lengths
 
     def lengths(self) -> npt.NDArray[np.int64]:
         return np.diff(self._offsets.read_all().astype(np.int64, copy=False)).astype(

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from fastload._formats._cache import BlockCache
 from fastload._formats._columns import ragged_gather
 from fastload._formats._mmap import FileMap
+from fastload._types import Spans
 
 # Rows per block when reading a dataset that is neither mappable nor chunked (compact or
 # external storage, or never written): about this many bytes per HDF5 read.
@@ -59,6 +60,10 @@ class MappedRows:
 
     def read_all(self) -> np.ndarray:
         return self._view if self._swap_to is None else self._view.astype(self._swap_to)
+
+    def spans(self, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> Spans | None:
+        """The rows left in the map (``None`` when they need a byte swap first)."""
+        return Spans(self._view, starts, lengths) if self._swap_to is None else None
 
 
 class BlockRows:

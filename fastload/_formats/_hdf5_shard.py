@@ -71,6 +71,12 @@ class H5Shard:
     def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
         return self._columns[field].read(rows)
 
+    def read_in_place(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+        """Like :meth:`read`; a memory-mapped ragged field comes back as ``Spans``."""
+        column = self._columns[field]
+        read = getattr(column, "read_in_place", column.read)
+        return read(rows)
+
     def release_unused_file(self) -> None:
         """Close the HDF5 file if every field is read through the memory map alone, so that
         the fast path holds no HDF5 state at all (the map stays open)."""
