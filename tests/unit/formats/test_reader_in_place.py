@@ -65,3 +65,21 @@ def test_chunked_files_and_batches_across_shards_are_read_as_by_read_batch(
         _same(inside[name], column)
     if chunked:  # the chunked shard has no map to leave samples in
         assert isinstance(ds._read_batch_in_place([1, 2])["tokens"], Ragged)
+
+
+def test_non_native_byte_order_is_read_as_by_read_batch(tmp_path: Path) -> None:
+    import h5py
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 9, 20)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with h5py.File(tmp_path / "be.h5", "w") as f:
+        f.attrs["fastload_format"] = 1
+        f.attrs["num_samples"] = 20
+        f.create_dataset("tokens/values", data=rng.integers(0, 1000, int(offsets[-1])).astype(">i4"))
+        f.create_dataset("tokens/offsets", data=offsets)
+    ds = fastload.HDF5Dataset(tmp_path / "be.h5")
+    got = ds._read_batch_in_place([3, 1, 19])
+    assert isinstance(got["tokens"], Ragged)  # swapped to native order: not left in the map
+    assert got["tokens"].values.dtype == np.dtype("int32")
+    _same(got["tokens"], ds.read_batch([3, 1, 19])["tokens"])
