@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _engine_harness import LOADERS, PeakPss, batch_plan, in_ram_limit, run, write_corpus
+from _engine_harness import (
+    LOADERS,
+    PeakPss,
+    batch_plan,
+    in_ram_limit,
+    in_ram_per_sample,
+    run,
+    write_corpus,
+)
 
 SIZES = {"smoke": (8_000, 40, 1), "full": (200_000, 300, 5)}  # samples, batches, rounds
 
@@ -56,7 +64,10 @@ def test_throughput_against_torch_dataloader(corpus: Any, benchmark: Any, capsys
     results: dict[str, list[float]] = {}
     for _ in range(rounds):  # interleaved rounds: noise hits every loader alike
         ref = run(in_ram_limit(path, plan))
-        results.setdefault("in-RAM gather, no loader", []).append(ref["samples_per_s"])
+        results.setdefault("in-RAM window gather, no loader (the limit)", []).append(ref["samples_per_s"])
+        per_sample = run(in_ram_per_sample(path, plan))
+        assert per_sample["checksum"] == ref["checksum"], "the two in-RAM references disagree"
+        results.setdefault("in-RAM per-sample dicts + PadCollate, no loader", []).append(per_sample["samples_per_s"])
         for name, workers in _CONFIGS:
             sub = plan[: _PREFIX.get(name, len(plan)) * (5 if bench_size == "full" else 1)]
             got = run(LOADERS[name](path, sub, workers))

@@ -52,7 +52,9 @@ class LoaderStats:
     * ``queue_depth``: batches ready but not yet taken by the consumer.
     * ``slots_in_use``: shared-memory batch slots held by workers, the queue or the consumer.
     * ``worker_busy``: per worker, the share of its time spent reading and collating.
-    * ``worker_read_share``: of all workers' busy time, the share spent in reads.
+    * ``worker_read_share``: of all workers' busy time, the share spent in reads. Samples that
+      fastload's readers leave in the memory map are read by the gather into the batch slot,
+      so for them that gather counts as reading.
     * ``num_workers``, ``respawns``, ``retries``, ``skipped_samples``: counts.
     * ``gpu_idle_s`` (with ``device="cuda"``): time the GPU sat between finishing the work queued
       before a ``next()`` and the batch it returned being on the device, measured with CUDA

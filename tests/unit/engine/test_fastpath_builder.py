@@ -1,0 +1,66 @@
+"""SlotBuilder, the fast path's worker half, run in this process against a real slot arena."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import fastload
+from fastload._engine._arena import SlotArena
+from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
+
+DELAY_S = 0.05
+
+
+class _SlowCollate(fastload.PadCollate):
+    def collate_into(self, batch: Any, out: Any) -> None:
+        time.sleep(DELAY_S)
+        super().collate_into(batch, out)
+
+
+class _CopiesOnly:
+    """A user's reader: read_batch only, no in-place reads."""
+
+    def __init__(self, inner: fastload.HDF5Dataset) -> None:
+        self.inner = inner
+
+    def read_batch(self, indices: Any) -> Any:
+        return self.inner.read_batch(indices)
+
+
+@pytest.fixture()
+def h5(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 50, 100)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.attrs["fastload_format"] = 1
+        f.attrs["num_samples"] = 100
+        f.create_dataset("tokens/values", data=rng.integers(0, 1000, int(offsets[-1])).astype(np.uint16))
+        f.create_dataset("tokens/offsets", data=offsets)
+    return tmp_path / "d.h5"
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_the_gather_from_the_map_counts_as_read_time_only_for_samples_read_in_place(h5: Path, in_place: bool) -> None:
+    ds = fastload.HDF5Dataset(h5)
+    collate = _SlowCollate(dtype=torch.int64)
+    arena = SlotArena(
+        slot_bytes=slot_bytes_bound(collate, ds.fields, ds.lengths, rows=8, max_tokens=None), slots=2, max_bytes=1 << 26
+    )
+    codec = SlotCodec(arena)
+    builder = SlotBuilder(ds if in_place else _CopiesOnly(ds), collate, os.getpid())
+    task = codec.task([5, 9, 3, 77])
+    descriptor = builder.build(task)
+    batch = codec.decode(task, descriptor)
+    assert batch["tokens"].tolist()[0][: int(ds.lengths[5])] == ds[5]["tokens"].tolist()
+    assert (builder.last_read_s >= DELAY_S) == in_place
+    del batch
+    arena.close()
