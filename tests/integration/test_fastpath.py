@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -288,6 +289,29 @@ def test_rss_stays_flat_over_many_epochs(h5: Path) -> None:
     rss = proc.memory_info().rss
     epochs(40)
     assert proc.memory_info().rss - rss < 24 * 2**20
+
+
+def test_a_hundred_persistent_epochs_leave_memory_descriptors_and_threads_flat(h5: Path) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=32, num_workers=2, persistent_workers=True, collate_fn=_collate()
+    )
+    proc = psutil.Process()
+
+    def epochs(k: int) -> int:
+        rows = 0
+        for _ in range(k):
+            for batch in loader:
+                rows += len(batch["lengths"])
+                del batch
+        gc.collect()
+        return rows
+
+    assert epochs(5) == 5 * N
+    rss, fds, threads = proc.memory_info().rss, proc.num_fds(), threading.active_count()
+    assert epochs(95) == 95 * N
+    assert proc.memory_info().rss - rss < 16 * 2**20
+    assert proc.num_fds() == fds
+    assert threading.active_count() == threads
 
 
 _PARENT = textwrap.dedent(
