@@ -143,37 +143,18 @@ class PadCollate:
     def layout(self, batch: Columns) -> Layout:
         """Name → (shape, numpy dtype) of each array ``collate_into(batch, ...)`` writes;
         allocates nothing. Object fields are not arrays and not listed."""
-        return self._layout(*self._plan(batch))
+        return self._prepare(batch).layout
 
     def collate_into(self, batch: Columns, out: Mapping[str, np.ndarray]) -> None:
         """Write the padded batch into ``out``, whose arrays must match ``layout(batch)``
         exactly (names, shapes, dtypes); object fields are not written."""
+        self._prepare(batch).write(out)
+
+    def _prepare(self, batch: Columns) -> _Prepared:
+        """The batch planned once: its ``layout`` and a ``write(out)`` that fills it (what
+        ``layout`` followed by ``collate_into`` do, without planning the batch twice)."""
         columns, ragged, rows = self._plan(batch)
-        expected = self._layout(columns, ragged, rows)
-        if set(out) != set(expected):
-            raise ValueError(f"collate_into needs arrays {sorted(expected)}; got {sorted(out)}")
-        for name, (shape, dtype) in expected.items():
-            if out[name].shape != shape or out[name].dtype != dtype:
-                raise ValueError(
-                    f"collate_into: array {name!r} must have shape {shape} and dtype {dtype}; "
-                    f"got {out[name].shape} {out[name].dtype}"
-                )
-        for name, column in columns.items():
-            if isinstance(column, np.ndarray):
-                np.copyto(out[name], column)
-        for spec in ragged:
-            source = spec.column
-            pad_into(
-                _values(source),
-                source.lengths,
-                spec.kept,
-                out[spec.name],
-                pad_value=spec.pad_value,
-                left=self._left,
-                mask_out=None if spec.mask_name is None else out[spec.mask_name],
-                starts=source.starts if isinstance(source, Spans) else None,
-            )
-            out[spec.lengths_name][...] = spec.kept
+        return _Prepared(self, columns, ragged, self._layout(columns, ragged, rows))
 
     def __call__(self, batch: Columns | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate a columnar batch or a list of sample dicts into a dict of tensors (and lists
@@ -181,13 +162,13 @@ class PadCollate:
         columnar = (
             batch if isinstance(batch, Mapping) else samples_to_columnar(batch, ragged=self._ragged)
         )
+        prepared = self._prepare(columnar)
         arrays = {
-            name: np.empty(shape, dtype=dtype)
-            for name, (shape, dtype) in self.layout(columnar).items()
+            name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
         }
-        self.collate_into(columnar, arrays)
+        prepared.write(arrays)
         result: dict[str, Any] = {}
-        for name, column in self._select(columnar).items():  # keep the batch's field order
+        for name, column in prepared.columns.items():  # keep the batch's field order
             result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
         for name, array in arrays.items():  # then the generated masks and lengths
             if name not in result:
@@ -277,6 +258,46 @@ class PadCollate:
 def _values(column: Ragged | Spans) -> np.ndarray:
     """Where a ragged column's elements lie (their dtype and element shape)."""
     return column.source if isinstance(column, Spans) else column.values
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One batch as ``PadCollate`` planned it: the selected columns, how each ragged one is
+    written, and the arrays it needs."""
+
+    collate: PadCollate
+    columns: Columns
+    ragged: list[_RaggedOut]
+    layout: Layout
+
+    def write(self, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out``, whose arrays must match :attr:`layout` exactly."""
+        expected = self.layout
+        if set(out) != set(expected):
+            raise ValueError(f"collate_into needs arrays {sorted(expected)}; got {sorted(out)}")
+        for name, (shape, dtype) in expected.items():
+            if out[name].shape != shape or out[name].dtype != dtype:
+                raise ValueError(
+                    f"collate_into: array {name!r} must have shape {shape} and dtype {dtype}; "
+                    f"got {out[name].shape} {out[name].dtype}"
+                )
+        for name, column in self.columns.items():
+            if isinstance(column, np.ndarray):
+                np.copyto(out[name], column)
+        left = self.collate._left
+        for spec in self.ragged:
+            source = spec.column
+            pad_into(
+                _values(source),
+                source.lengths,
+                spec.kept,
+                out[spec.name],
+                pad_value=spec.pad_value,
+                left=left,
+                mask_out=None if spec.mask_name is None else out[spec.mask_name],
+                starts=source.starts if isinstance(source, Spans) else None,
+            )
+            out[spec.lengths_name][...] = spec.kept
 
 
 def _optional_positive(option: str, value: object) -> int | None:

@@ -88,7 +88,12 @@ class SlotBuilder:
         read = getattr(self.dataset, "_read_batch_in_place", None) or self.dataset.read_batch
         columnar = read(task.indices)
         self.last_read_s = time.perf_counter() - started
-        arrays, nbytes = plan_layout(self.collate.layout(columnar))
+        # PadCollate plans a batch once for both halves; any other collate with layout and
+        # collate_into is asked twice.
+        prepare = getattr(self.collate, "_prepare", None)
+        prepared = prepare(columnar) if prepare is not None else None
+        layout = prepared.layout if prepared is not None else self.collate.layout(columnar)
+        arrays, nbytes = plan_layout(layout)
         if nbytes > task.slot.capacity:
             return Oversize(nbytes)
         buf = self._slots.view(task.slot)
@@ -97,7 +102,10 @@ class SlotBuilder:
                 name: np.frombuffer(buf, dtype=_np_dtype(dt), count=math.prod(shape), offset=off).reshape(shape)
                 for name, (off, shape, dt) in arrays.items()
             }
-            self.collate.collate_into(columnar, out)
+            if prepared is not None:
+                prepared.write(out)
+            else:
+                self.collate.collate_into(columnar, out)
             del out
             if any(isinstance(column, Spans) for column in columnar.values()):
                 # Samples left in the map are read by the gather into the slot: that is the

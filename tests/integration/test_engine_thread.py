@@ -19,6 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from _user_readers import UserReader
 
 import fastload
 from fastload.errors import LoaderTimeoutError, WorkerCrashedError
@@ -77,29 +78,7 @@ class _CountingPlan:
             yield batch
 
 
-class _Reader(torch.utils.data.Dataset):
-    """A user's ``BatchReader`` over the fixture file, with a hook on each batch read."""
-
-    def __init__(self, path: Path) -> None:
-        self.inner = fastload.HDF5Dataset(path, fields=["tokens"])
-        self.lengths = self.inner.lengths
-        self.fields = self.inner.fields
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.inner[i]
-
-    def read_batch(self, indices: Any) -> Any:
-        self.hook(np.asarray(indices))
-        return self.inner.read_batch(indices)
-
-    def hook(self, indices: np.ndarray) -> None:
-        pass
-
-
-class _SlowAt(_Reader):
+class _SlowAt(UserReader):
     def __init__(self, path: Path, at: int, delay_s: float) -> None:
         super().__init__(path)
         self.at, self.delay_s = at, delay_s
@@ -109,12 +88,12 @@ class _SlowAt(_Reader):
             time.sleep(self.delay_s)
 
 
-class _Slow(_Reader):
+class _Slow(UserReader):
     def hook(self, indices: np.ndarray) -> None:
         time.sleep(0.03)  # batches are still being built when the sampler fails
 
 
-class _KillsWorkerAt(_Reader):
+class _KillsWorkerAt(UserReader):
     def __init__(self, path: Path, at: int) -> None:
         super().__init__(path)
         self.at = at

@@ -23,6 +23,7 @@ import psutil
 import pytest
 import torch
 import torch.utils.data
+from _user_readers import UserReader  # no fastload base class
 
 import fastload
 
@@ -100,22 +101,7 @@ def test_fast_path_is_the_default_for_a_reader_and_pads_with_padcollate(h5: Path
 
 
 def test_a_user_dataset_with_read_batch_and_lengths_takes_the_fast_path(h5: Path) -> None:
-    class Mine(torch.utils.data.Dataset):  # no fastload base class
-        def __init__(self, path: Path) -> None:
-            self.inner = fastload.HDF5Dataset(path, fields=["tokens"])
-            self.lengths = self.inner.lengths
-            self.fields = self.inner.fields
-
-        def __len__(self) -> int:
-            return len(self.inner)
-
-        def __getitem__(self, i: int) -> Any:
-            return self.inner[i]
-
-        def read_batch(self, indices: Any) -> Any:
-            return self.inner.read_batch(indices)
-
-    loader = fastload.DataLoader(Mine(h5), batch_size=10, num_workers=2, collate_fn=_collate())
+    loader = fastload.DataLoader(UserReader(h5), batch_size=10, num_workers=2, collate_fn=_collate())
     it = iter(loader)
     assert it.fast_path
     assert sum(len(b["lengths"]) for b in it) == N

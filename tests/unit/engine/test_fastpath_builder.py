@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import h5py
@@ -20,9 +21,16 @@ DELAY_S = 0.05
 
 
 class _SlowCollate(fastload.PadCollate):
-    def collate_into(self, batch: Any, out: Any) -> None:
-        time.sleep(DELAY_S)
-        super().collate_into(batch, out)
+    """Padding that takes at least DELAY_S, whichever way the builder asks for it."""
+
+    def _prepare(self, batch: Any) -> Any:
+        prepared = super()._prepare(batch)
+
+        def write(out: Any) -> None:
+            time.sleep(DELAY_S)
+            prepared.write(out)
+
+        return SimpleNamespace(layout=prepared.layout, write=write)
 
 
 class _CopiesOnly:
@@ -63,4 +71,38 @@ def test_the_gather_from_the_map_counts_as_read_time_only_for_samples_read_in_pl
     assert batch["tokens"].tolist()[0][: int(ds.lengths[5])] == ds[5]["tokens"].tolist()
     assert (builder.last_read_s >= DELAY_S) == in_place
     del batch
+    arena.close()
+
+
+class _TwoHalvesOnly:
+    """A user's collate offering just the two halves of the zero-copy path."""
+
+    def __init__(self) -> None:
+        self._inner = fastload.PadCollate(dtype=torch.int64)
+        self.calls: list[str] = []
+
+    def layout(self, batch: Any) -> Any:
+        self.calls.append("layout")
+        return self._inner.layout(batch)
+
+    def collate_into(self, batch: Any, out: Any) -> None:
+        self.calls.append("collate_into")
+        self._inner.collate_into(batch, out)
+
+
+def test_a_collate_with_only_layout_and_collate_into_builds_the_same_batch(h5: Path) -> None:
+    ds = fastload.HDF5Dataset(h5)
+    mine, theirs = _TwoHalvesOnly(), fastload.PadCollate(dtype=torch.int64)
+    arena = SlotArena(
+        slot_bytes=slot_bytes_bound(theirs, ds.fields, ds.lengths, rows=8, max_tokens=None), slots=2, max_bytes=1 << 26
+    )
+    codec = SlotCodec(arena)
+    batches = []
+    for collate in (mine, theirs):
+        task = codec.task([5, 9, 3, 77])
+        batches.append(codec.decode(task, SlotBuilder(ds, collate, os.getpid()).build(task)))
+    assert mine.calls == ["layout", "collate_into"]
+    assert batches[0].keys() == batches[1].keys()
+    assert all(torch.equal(batches[0][k], batches[1][k]) for k in batches[0])
+    del batches
     arena.close()
