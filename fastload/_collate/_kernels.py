@@ -16,8 +16,8 @@ development machine (benchmarks/bench_sampling.py has the current figures):
 With ``starts`` the rows are not back to back but lie anywhere in ``values`` (a reader's memory
 map, see ``Spans``). Then a third kernel, **window**, gathers each row's ``width`` elements from
 ``values[start:]`` in one fancy index over a sliding-window view (one contiguous copy per row, in
-C) and masks the padding in the same pass as the cast to the output dtype: no concatenated copy
-of the samples, no ``fill`` and no boolean scatter. It reads past each sample into its
+C) and zeroes the padding with the mask in the narrower of the source and output dtypes before
+one casting copy: no concatenated copy of the samples, no ``fill`` and no boolean scatter. It reads past each sample into its
 neighbours, which the mask discards; rows whose window would leave ``values`` fall back to one
 slice copy per row.
 """
@@ -102,14 +102,26 @@ def _window_rows(
     if int(first.min()) < 0 or int(first.max()) > count - width:
         return False
     elem = values.shape[1:]
-    windows = np.lib.stride_tricks.as_strided(
-        values, (count - width + 1, width, *elem), (values.strides[0], *values.strides), writeable=False
-    )
-    gathered = windows[first]
+    shape, strides = (count - width + 1, width, *elem), (values.strides[0], *values.strides)
+    if values.flags.c_contiguous:  # a strided view without as_strided's Python overhead
+        windows = np.ndarray(shape, values.dtype, buffer=values, strides=strides)
+    else:
+        windows = np.lib.stride_tricks.as_strided(values, shape, strides, writeable=False)
+    gathered = windows[first]  # a fresh [B, width, *elem] copy in the source dtype
     mask = row_mask(kept, width, left=left)
     where = mask.reshape(mask.shape + (1,) * len(elem))
-    if pad_value == 0 and values.dtype.kind in "biu":  # one pass: multiply by the 0/1 mask
-        np.multiply(gathered, where, out=out, casting="unsafe")
+    if pad_value == 0 and values.dtype.kind in "biu":
+        # Zero the padding by multiplying with the 0/1 mask, in whichever of the source and the
+        # output dtype is narrower (uint16 ids padded into int64: the mask pass runs on a
+        # quarter of the bytes), then one plain casting copy; no casting ufunc loop.
+        if out.dtype == values.dtype:
+            np.multiply(gathered, where, out=out)
+        elif values.dtype.itemsize <= out.dtype.itemsize:
+            np.multiply(gathered, where, out=gathered)
+            np.copyto(out, gathered, casting="unsafe")
+        else:
+            np.copyto(out, gathered, casting="unsafe")
+            np.multiply(out, where, out=out)
     else:  # floats: NaN * 0 is NaN, so copy under the mask instead
         out.fill(pad_value)
         np.copyto(out, gathered, casting="unsafe", where=where)

@@ -124,3 +124,31 @@ def test_the_window_kernel_writes_every_element_of_its_output() -> None:
         expected[row, :n] = source[s : s + n]
     assert np.array_equal(out, expected)
     assert np.array_equal(mask, np.arange(width)[None, :] < lengths[:, None])
+
+
+@pytest.mark.parametrize(
+    ("source_dtype", "out_dtype"),
+    [(np.uint16, np.int64), (np.int32, np.int32), (np.int64, np.int16), (np.bool_, np.uint8), (np.uint8, np.float32)],
+)
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_window_kernel_masks_in_either_dtype_and_any_source_layout(
+    source_dtype: Any, out_dtype: Any, contiguous: bool, side: str
+) -> None:
+    # The zero padding is applied in the narrower of the two dtypes (or the output's, when they
+    # match); a strided source takes the slower view constructor. All must give the same bytes.
+    rng = np.random.default_rng(6)
+    base = rng.integers(1, 120, 6_000).astype(source_dtype)
+    source = base if contiguous else base[::2]
+    starts, lengths = _layout(rng, 12, 1, 40, len(source))
+    left = side == "left"
+    width = int(lengths.max())
+    out = np.full((12, width), 99, out_dtype)
+    mask = np.zeros((12, width), np.bool_)
+    pad_into(source, lengths, lengths, out, pad_value=0, left=left, mask_out=mask, starts=starts)
+    expected = np.zeros((12, width), out_dtype)
+    for row, (start, count) in enumerate(zip(starts.tolist(), lengths.tolist(), strict=True)):
+        cols = slice(width - count, width) if left else slice(0, count)
+        expected[row, cols] = source[start : start + count]
+        assert mask[row, cols].all() and mask[row].sum() == count
+    assert np.array_equal(out, expected)
