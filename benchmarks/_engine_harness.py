@@ -132,27 +132,41 @@ def fast(path: Path, plan: list[list[int]], workers: int) -> Iterable[Any]:
     )
 
 
+def _in_ram(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with h5py.File(path, "r") as f:
+        return f["tokens/values"][:], f["tokens/offsets"][:]
+
+
 def in_ram_limit(path: Path, plan: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
     """No loader at all: one process gathering from arrays already in RAM with the fastest kernel
     we have (fastload's own window gather, which pads and casts in one pass from the samples
-    where they lie), writing token ids, mask and lengths. The ceiling for one core."""
-    with h5py.File(path, "r") as f:
-        values, offsets = f["tokens/values"][:], f["tokens/offsets"][:]
+    where they lie), writing token ids, mask and lengths. The ceiling for one core.
+
+    The arrays are read from the file here, before the caller's clock starts: the limit is the
+    gather, not the file read."""
+    values, offsets = _in_ram(path)
     lengths = np.diff(offsets)
     collate = collate_fn()
-    for idx in plan:
-        rows = np.asarray(idx)
-        yield collate({"tokens": Spans(values, offsets[rows], lengths[rows])})
+
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        for idx in plan:
+            rows = np.asarray(idx)
+            yield collate({"tokens": Spans(values, offsets[rows], lengths[rows])})
+
+    return batches()
 
 
 def in_ram_per_sample(path: Path, plan: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
-    """No loader, arrays in RAM, but the samples handed to ``PadCollate`` one dict each, as a
-    ``collate_fn`` gets them from torch's DataLoader."""
-    with h5py.File(path, "r") as f:
-        values, offsets = f["tokens/values"][:], f["tokens/offsets"][:]
+    """No loader, arrays in RAM (read before the clock starts), but the samples handed to
+    ``PadCollate`` one dict each, as a ``collate_fn`` gets them from torch's DataLoader."""
+    values, offsets = _in_ram(path)
     collate = collate_fn()
-    for idx in plan:
-        yield collate([{"tokens": values[offsets[i] : offsets[i + 1]]} for i in idx])
+
+    def batches() -> Iterator[dict[str, torch.Tensor]]:
+        for idx in plan:
+            yield collate([{"tokens": values[offsets[i] : offsets[i + 1]]} for i in idx])
+
+    return batches()
 
 
 def collate_fn() -> fastload.PadCollate:
@@ -175,13 +189,15 @@ def checksum(batch: dict[str, torch.Tensor]) -> int:
 
 def run(batches: Iterable[Any], step_s: float = 0.0) -> dict[str, float]:
     """Consume every batch, sleeping ``step_s`` per batch as a GPU step would (no CPU used).
-    Returns samples/s, the stall fraction (time in ``next()`` / total), p99 wait, time to the
-    first batch and a checksum of everything received."""
+    Returns samples/s (over the whole run, start-up included), steady samples/s (after the first
+    batch), the stall fraction (time in ``next()`` / total), p99 wait, time to the first batch
+    and a checksum of everything received."""
     waits: list[float] = []
     total = samples = 0
     start = time.perf_counter()
     it = iter(batches)
     first = 0.0
+    first_size: int | None = None
     while True:
         t0 = time.perf_counter()
         try:
@@ -191,6 +207,7 @@ def run(batches: Iterable[Any], step_s: float = 0.0) -> dict[str, float]:
         waits.append(time.perf_counter() - t0)
         if not first:
             first = time.perf_counter() - start
+            first_size = len(batch["lengths"])
         samples += len(batch["lengths"])
         total += checksum(batch)
         del batch
@@ -199,8 +216,10 @@ def run(batches: Iterable[Any], step_s: float = 0.0) -> dict[str, float]:
     elapsed = time.perf_counter() - start
     del it
     steady = waits[1:] or waits  # the first wait is start-up, reported separately
+    first_samples = 0 if first_size is None else first_size
     return {
         "samples_per_s": samples / elapsed,
+        "steady_samples_per_s": (samples - first_samples) / max(1e-9, elapsed - first),
         "stall": sum(steady) / max(1e-9, elapsed - waits[0]) if waits else 0.0,
         "p99_wait_ms": float(np.percentile(steady, 99) * 1e3) if steady else 0.0,
         "first_batch_s": first,
