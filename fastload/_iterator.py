@@ -511,14 +511,14 @@ class _ColumnarFetcher:
 
 
 class _HostBatches:
-    """The iterator's host-side batches, as an iterable for the device prefetcher."""
+    """The iterator's host-side batches, as an iterator for the device prefetcher. Not a
+    generator: a batch that fails raises from ``next()`` and the batches after it still come."""
 
     def __init__(self, it: LoaderIterator) -> None:
         self._it = it
 
-    def __iter__(self) -> Any:
-        while True:
-            try:
-                yield self._it._next_data()
-            except StopIteration:
-                return
+    def __iter__(self) -> _HostBatches:
+        return self
+
+    def __next__(self) -> Any:
+        return self._it._next_data()

@@ -12,7 +12,7 @@ CPU device) it yields the batches unchanged.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -53,6 +53,58 @@ def cuda_device(device: str | torch.device | None) -> torch.device | None:
     return dev
 
 
+_EXHAUSTED = object()
+
+
+class OneAhead:
+    """An iterator that keeps one item staged ahead of its consumer: ``next()`` stages item N+1
+    (``stage(item)``, e.g. starting its device copy) before handing out item N through
+    ``hand_out(staged)``. ``on_end()`` runs once, when the consumer asks past the last item.
+
+    Errors keep their place: when taking or staging item N+1 raises, item N is still returned,
+    the error is raised by the following ``next()``, and the iterator goes on after it with the
+    items that follow (as a DataLoader does after a batch whose building failed)."""
+
+    def __init__(
+        self,
+        items: Iterator[Any],
+        stage: Callable[[Any], Any],
+        hand_out: Callable[[Any], Any],
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
+        self._items = items
+        self._stage = stage
+        self._hand_out = hand_out
+        self._on_end = on_end
+        self._ahead: Any = None  # None: nothing staged; _EXHAUSTED; or (ok, staged item | error)
+
+    def __iter__(self) -> OneAhead:
+        return self
+
+    def _take(self) -> Any:
+        try:
+            return True, self._stage(next(self._items))
+        except StopIteration:
+            return _EXHAUSTED
+        except Exception as exc:  # raised in its turn by __next__
+            return False, exc
+
+    def __next__(self) -> Any:
+        current = self._take() if self._ahead is None else self._ahead
+        if current is _EXHAUSTED:
+            self._ahead = _EXHAUSTED
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end()
+            raise StopIteration
+        ok, value = current
+        if not ok:
+            self._ahead = None  # the next call takes the item after the failed one
+            raise value
+        self._ahead = self._take()
+        return self._hand_out(value)
+
+
 class DevicePrefetcher:
     """Wraps an iterable of batches (tensors in any nesting of dicts, lists and tuples) and
     yields them on ``device``, each copied one step ahead on a side stream.
@@ -73,19 +125,19 @@ class DevicePrefetcher:
 
     def __iter__(self) -> Iterator[Any]:
         if self._device is None:
-            yield from self._batches
-            return
-        yield from self._prefetch(iter(self._batches), self._device)
+            return iter(self._batches)
+        return self._prefetch(iter(self._batches), self._device)
 
     def _account(self) -> None:
         while self._pending and self._pending[0][0].query() and self._pending[0][1].query():
             step_done, ready = self._pending.popleft()
             self.gpu_idle_s += max(0.0, step_done.elapsed_time(ready)) / 1e3
 
-    def _prefetch(self, it: Iterator[Any], device: torch.device) -> Iterator[Any]:
+    def _prefetch(self, it: Iterator[Any], device: torch.device) -> OneAhead:
         side = torch.cuda.Stream(device)
         consumer = torch.cuda.current_stream(device)
         hosts: deque[tuple[torch.cuda.Event, Any]] = deque()  # host batches whose copy may run
+        first = True
 
         def start(host: Any) -> tuple[Any, torch.cuda.Event]:
             with torch.cuda.stream(side):
@@ -95,29 +147,24 @@ class DevicePrefetcher:
             hosts.append((done, host))
             return dev, done
 
-        ready: tuple[Any, torch.cuda.Event] | None
-        try:
-            ready = start(next(it))
-        except StopIteration:
-            return
-        first = True
-        while ready is not None:
-            batch, done = ready
+        def hand_out(staged: tuple[Any, torch.cuda.Event]) -> Any:
+            nonlocal first
+            batch, done = staged
             if not first:  # the consumer asked for this batch: its previous step is queued
                 step_done = torch.cuda.Event(enable_timing=True)
                 step_done.record(consumer)
                 self._pending.append((step_done, done))
                 self._account()
             first = False
-            try:
-                ready = start(next(it))
-            except StopIteration:
-                ready = None
             consumer.wait_event(done)
             while hosts and hosts[0][0].query():
                 hosts.popleft()  # copy finished: the host batch (and its slot) may be freed
-            yield batch
-        side.synchronize()
-        consumer.synchronize()
-        self._account()
-        hosts.clear()
+            return batch
+
+        def end() -> None:
+            side.synchronize()
+            consumer.synchronize()
+            self._account()
+            hosts.clear()
+
+        return OneAhead(it, start, hand_out, end)

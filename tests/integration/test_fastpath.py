@@ -363,3 +363,19 @@ def test_gpu_idle_is_measured_with_cuda_events(h5: Path) -> None:
     stats = it.stats()
     assert stats.gpu_idle_s is not None
     assert 0.0 <= stats.gpu_idle_s < 0.1 * stats.step_s + 0.05
+
+
+@pytest.mark.gpu
+def test_with_device_cuda_a_failed_batch_raises_in_its_turn_and_the_epoch_goes_on(h5: Path) -> None:
+    # The device prefetcher holds one batch ahead: the error of batch 2 must not cost batch 1,
+    # nor end the epoch (the host path goes on too).
+    loader = fastload.DataLoader(
+        _FailsAt(h5, bad=21), batch_size=10, num_workers=2, collate_fn=_collate(), device="cuda"
+    )
+    it = iter(loader)
+    first = [next(it), next(it)]
+    assert [int(b["lengths"].shape[0]) for b in first] == [10, 10] and first[1]["tokens"].is_cuda
+    with pytest.raises(ValueError, match="sample 21 is corrupt"):
+        next(it)
+    rest = list(it)
+    assert len(rest) == len(loader) - 3 and all(b["tokens"].is_cuda for b in rest)
