@@ -59,6 +59,17 @@ def _wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
     return predicate()
 
 
+@pytest.fixture(autouse=True)
+def _no_pump_thread_from_earlier_tests() -> None:
+    # An iterator that an earlier test dropped in a reference cycle (a kept traceback, say) stops
+    # its thread when it is collected: collect it, so that these tests count only their own.
+    def gone() -> bool:
+        gc.collect()
+        return not _pump_threads()
+
+    assert _wait_until(gone), "an engine thread of an earlier test outlived its iterator"
+
+
 class _CountingPlan:
     """A batch sampler that records how many batches have been taken from it."""
 
