@@ -17,6 +17,14 @@ loader's iterator point to it.
   4. Only then does the engine release shared memory (the batch slots): no worker can still
      write into it.
 ``shutdown`` is idempotent, and workers also exit by themselves when the main process dies.
+
+NOTE [raw descriptors] — the main process keeps its ends of the pipes as bare file descriptors
+that only this pool closes, not as ``multiprocessing.Connection`` objects. When a loader's
+iterator dies in a reference cycle, the collector may run a Connection's ``__del__`` before the
+iterator's: ``__del__`` closes the descriptor but leaves the Connection holding its number, so the
+shutdown that follows would close the number a second time, by then possibly another file's. A
+``weakref.finalize`` closes the descriptors of a pool dropped without ``shutdown``; it runs before
+any ``__del__`` in the same collection and marks them closed, so ``shutdown`` skips them.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import select
 import struct
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -41,6 +50,7 @@ _PIPE_BYTES = 1 << 20
 # big-endian 4-byte length, or -1 followed by an unsigned 8-byte length for large messages.
 _HEADER = struct.Struct("!i")
 _LONG_HEADER = struct.Struct("!Q")
+_CLOSED = -1  # a pipe end that is not open (no worker, or closed)
 
 
 class WorkerDied:
@@ -75,6 +85,23 @@ def _frozen_for_fork(ctx: Any) -> Iterator[None]:
         gc.unfreeze()
 
 
+def _send_frame(fd: int, payload: bytes) -> None:
+    """Write one message in Connection's framing (what the worker's ``recv_bytes`` reads)."""
+    view = memoryview(_HEADER.pack(len(payload)) + payload)  # tasks are a few hundred bytes
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _close_ends(*ends: list[int]) -> None:
+    """Close every open descriptor in ``ends`` and mark it closed, in place."""
+    for fds in ends:
+        for i, fd in enumerate(fds):
+            if fd != _CLOSED:
+                fds[i] = _CLOSED
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
 class WorkerPool:
     """Starts ``num_workers`` processes from ``make_spec(worker_id)`` (all in parallel) and moves
     messages: :meth:`send` to one worker, :meth:`wait` for results and deaths of all."""
@@ -90,8 +117,10 @@ class WorkerPool:
         self._ctx = ctx
         self._make_spec = make_spec
         self._procs: list[Any] = [None] * num_workers
-        self._tasks: list[Connection | None] = [None] * num_workers
-        self._results: list[Connection | None] = [None] * num_workers
+        # The main process's ends of each worker's pipes: NOTE [raw descriptors]. Both lists are
+        # only ever changed in place, because the finalizer holds them.
+        self._tasks: list[int] = [_CLOSED] * num_workers
+        self._results: list[int] = [_CLOSED] * num_workers
         self._retired: list[Any] = []  # stopped on purpose, not yet reaped
         # Bytes read from each result pipe that do not yet make a whole message. The pipes are
         # read raw and non-blocking: one read per wake-up instead of a poll, two reads and
@@ -106,18 +135,23 @@ class WorkerPool:
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
         self._progress = ctx.RawArray("q", [-1] * max(num_workers, max_workers or 0))
+        self._finalizer = weakref.finalize(self, _close_ends, self._tasks, self._results)
         for wid in range(num_workers):
             self._start(wid)
 
     def _start(self, wid: int) -> None:
-        task_reader, task_writer = self._ctx.Pipe(duplex=False)
-        reader, writer = self._ctx.Pipe(duplex=False)
-        for conn in (task_writer, writer):
+        task_reader_fd, task_writer = os.pipe()
+        reader, writer_fd = os.pipe()
+        for fd in (task_writer, writer_fd):
             with contextlib.suppress(OSError):
-                fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        # The worker's ends travel as Connections (it reads and writes them as such).
+        task_reader = Connection(task_reader_fd, writable=False)
+        writer = Connection(writer_fd, readable=False)
+        inherited = (task_writer, reader) if self._ctx.get_start_method() == "fork" else ()
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self._make_spec(wid), task_reader, writer, self._progress),
+            args=(self._make_spec(wid), task_reader, writer, self._progress, inherited),
             name=f"fastload-worker-{wid}",
             daemon=True,
         )
@@ -126,7 +160,7 @@ class WorkerPool:
             proc.start()
         writer.close()  # the worker holds the only write end: its death closes the pipe
         task_reader.close()
-        os.set_blocking(reader.fileno(), False)
+        os.set_blocking(reader, False)
         self._inbox[wid] = bytearray()
         self._procs[wid], self._tasks[wid], self._results[wid] = proc, task_writer, reader
         self._poller = None
@@ -137,20 +171,20 @@ class WorkerPool:
         return [p.pid for p in self._procs if p is not None]
 
     def send(self, wid: int, msg: Any) -> None:
-        conn = self._tasks[wid]
-        if conn is None:
+        fd = self._tasks[wid]
+        if fd == _CLOSED:
             return  # dead and not yet respawned: its tasks are re-dispatched on respawn
         # A worker that just died: wait() reports it and its tasks are re-dispatched.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            conn.send_bytes(dumps_task(msg))
+            _send_frame(fd, dumps_task(msg))
 
     def _watch(self) -> select.poll:
         if self._poller is None:
             self._poller = select.poll()
             self._watched = {}
-            for wid, (conn, proc) in enumerate(zip(self._results, self._procs, strict=True)):
-                if conn is not None and proc is not None:
-                    for fd, kind in ((conn.fileno(), "result"), (proc.sentinel, "death")):
+            for wid, (result_fd, proc) in enumerate(zip(self._results, self._procs, strict=True)):
+                if result_fd != _CLOSED and proc is not None:
+                    for fd, kind in ((result_fd, "result"), (proc.sentinel, "death")):
                         self._poller.register(fd, select.POLLIN)
                         self._watched[fd] = (wid, kind)
         return self._poller
@@ -202,12 +236,11 @@ class WorkerPool:
     def _drain(self, wid: int) -> list[Any]:
         """Every complete message waiting on ``wid``'s pipe now. For a dead worker that is all it
         sent: what it wrote before dying is already in the pipe."""
-        conn = self._results[wid]
+        fd = self._results[wid]
         out: list[Any] = []
-        if conn is None:
+        if fd == _CLOSED:
             return out
         inbox = self._inbox[wid]
-        fd = conn.fileno()
         while True:
             try:
                 chunk = os.read(fd, _PIPE_BYTES)
@@ -239,10 +272,10 @@ class WorkerPool:
     def _discard(self, wid: int) -> None:
         self._poller = None
         self.generation += 1
-        for conn in (self._results[wid], self._tasks[wid]):
-            if conn is not None:
-                conn.close()
-        self._procs[wid] = self._tasks[wid] = self._results[wid] = None
+        ends = [self._results[wid], self._tasks[wid]]
+        self._tasks[wid] = self._results[wid] = _CLOSED
+        self._procs[wid] = None
+        _close_ends(ends)
 
     def respawn(self, wid: int) -> None:
         """Replace dead worker ``wid`` by a fresh process with the same worker id (and so the same
@@ -260,8 +293,8 @@ class WorkerPool:
         if wid >= len(self._progress):
             raise RuntimeError(f"the pool was sized for {len(self._progress)} workers")
         self._procs.append(None)
-        self._tasks.append(None)
-        self._results.append(None)
+        self._tasks.append(_CLOSED)
+        self._results.append(_CLOSED)
         self._inbox.append(bytearray())
         self._start(wid)
         return wid
@@ -274,13 +307,11 @@ class WorkerPool:
         wid = len(self._procs) - 1
         proc, tasks, results = self._procs.pop(), self._tasks.pop(), self._results.pop()
         self._inbox.pop()
-        for conn in (tasks, results):
-            if conn is not None:
-                if conn is tasks:
-                    with contextlib.suppress(OSError):
-                        os.set_blocking(conn.fileno(), False)
-                        conn.send_bytes(dumps_task(None))
-                conn.close()
+        if tasks != _CLOSED:
+            with contextlib.suppress(OSError):
+                os.set_blocking(tasks, False)
+                _send_frame(tasks, dumps_task(None))  # a few bytes: written whole or not at all
+        _close_ends([tasks, results])
         if proc is not None:
             self._retired.append(proc)
         self._progress[wid] = -1
@@ -293,15 +324,13 @@ class WorkerPool:
         self._closed = True
         live = [p for p in [*self._procs, *self._retired] if p is not None]
         stop = dumps_task(None)
-        for conn in self._tasks:  # 1
-            if conn is not None:
+        for fd in self._tasks:  # 1
+            if fd != _CLOSED:
                 with contextlib.suppress(OSError):
-                    os.set_blocking(conn.fileno(), False)
-                    conn.send_bytes(stop)  # a few bytes: written whole or not at all
-                conn.close()
-        for conn in self._results:  # 2
-            if conn is not None:
-                conn.close()
+                    os.set_blocking(fd, False)
+                    _send_frame(fd, stop)  # a few bytes: written whole or not at all
+        _close_ends(self._tasks)
+        _close_ends(self._results)  # 2
         deadline = time.monotonic() + join_s  # 3
         for proc in live:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -318,9 +347,8 @@ class WorkerPool:
             with contextlib.suppress(ValueError):
                 proc.close()
         self._procs = [None] * len(self._procs)
-        self._tasks = [None] * len(self._tasks)
-        self._results = [None] * len(self._results)
         self._retired = []
+        self._finalizer.detach()
 
 
 def _reaped(proc: Any) -> bool:

@@ -99,9 +99,19 @@ def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
     return True
 
 
-def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, progress: Any) -> None:
+def worker_main(
+    spec: WorkerSpec,
+    tasks: Connection,
+    results: Connection,
+    progress: Any,
+    parent_ends: tuple[int, ...] = (),
+) -> None:
     """Entry point of a worker process (a module-level function, so spawn can import it).
-    ``progress[worker_id]`` tells the main process which task this worker is building."""
+    ``progress[worker_id]`` tells the main process which task this worker is building.
+    ``parent_ends``: the main process's ends of this worker's own pipes, which a forked worker
+    inherits and closes, so that the main process closing them is an end-of-file here."""
+    for fd in parent_ends:
+        os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     ppid = os.getppid()
     torch.set_num_threads(1)
