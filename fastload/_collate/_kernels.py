@@ -1,6 +1,13 @@
 """Vectorized padding of one ragged column into caller-provided arrays.
 
-Two kernels, measured on 64 token-id rows (int32 in, int64 ids and int64 mask out) on the
+The **native** kernel (``_native.c``, built with the package; numpy kernels below stand in where
+it is missing or a dtype is not one it knows) copies each row once, converting as it goes, pads
+it and writes its mask in the same pass: it writes every output byte once and reads only the
+real elements. On 64 random token-id rows of a 200 MB memory map (uint16 in, int64 ids and a
+bool mask out, ~1,200 wide) it takes about 28 µs against 78 µs for the window kernel: 24 GB/s
+of output, about what a ``memset`` of the same bytes reaches here.
+
+Two numpy kernels, measured on 64 token-id rows (int32 in, int64 ids and int64 mask out) on the
 development machine (benchmarks/bench_sampling.py has the current figures):
 
 * **mask** — the row mask is gathered from a sliding window over a ``1…1 0…0`` staircase (one
@@ -24,24 +31,53 @@ slice copy per row.
 
 from __future__ import annotations
 
+import math
+from types import ModuleType
+
 import numpy as np
 import numpy.typing as npt
 
+_native: ModuleType | None
+try:
+    from fastload._collate import _native
+except ImportError:  # built without a C compiler: the numpy kernels do all the work
+    _native = None
+
 #: Bytes per padded output row from which one slice copy per row beats the mask kernel.
 ROW_COPY_MIN_BYTES = 24576
+
+#: The element types the native kernel converts between, numbered as ``_native.c`` numbers them.
+NATIVE_TYPES: dict[np.dtype, int] = {
+    np.dtype(t): code
+    for code, t in enumerate(
+        (np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+         np.uint64, np.float32, np.float64)
+    )
+}
+
+# The widest staircase built so far for each side (see row_mask): every narrower mask is a
+# window of it, so it is built once, not once per batch. Never written after it is built.
+_staircases: dict[bool, np.ndarray] = {}
 
 
 def row_mask(lengths: npt.NDArray[np.int64], width: int, *, left: bool) -> npt.NDArray[np.bool_]:
     """``[B, width]`` booleans, True where a row holds a real element: its first ``lengths[i]``
     columns, or its last ones with ``left``."""
-    real_first = not left
-    staircase = np.empty(2 * width, dtype=bool)
-    staircase[:width] = real_first
-    staircase[width:] = not real_first
-    # Window k is the staircase from column k: (width - k) of one value, then k of the other.
-    # Built as a strided view directly (sliding_window_view costs more than the gather here).
-    windows = np.ndarray((width + 1, width), dtype=bool, buffer=staircase, strides=(1, 1))
-    return windows[width - lengths] if real_first else windows[lengths]
+    staircase = _staircases.get(left)
+    if staircase is None or staircase.shape[0] < 2 * width:
+        # ``span`` of one value then ``span`` of the other (True first for right padding).
+        span = max(width, 64)
+        staircase = np.empty(2 * span, dtype=bool)
+        staircase[:span] = not left
+        staircase[span:] = left
+        _staircases[left] = staircase
+    span = staircase.shape[0] // 2
+    # Window k is the staircase from column k: (span - k) of one value, then the other. Right
+    # padding takes the window with exactly lengths[i] Trues before the Falses, left padding
+    # the one with width - lengths[i] Falses before the Trues. Built as a strided view directly
+    # (sliding_window_view costs more than the gather here).
+    windows = np.ndarray((span + 1, width), dtype=bool, buffer=staircase, strides=(1, 1))
+    return windows[span - lengths] if not left else windows[span - width + lengths]
 
 
 def pad_into(
@@ -63,6 +99,10 @@ def pad_into(
     rows, width = out.shape[0], out.shape[1]
     if rows == 0:
         return
+    if _native is not None and _native_rows(
+        values, lengths, kept, out, pad_value=pad_value, left=left, mask_out=mask_out, starts=starts
+    ):
+        return
     if starts is not None:
         if out.nbytes // rows >= ROW_COPY_MIN_BYTES or not _window_rows(
             values, starts, kept, out, pad_value=pad_value, left=left, mask_out=mask_out
@@ -81,6 +121,54 @@ def pad_into(
     out[mask] = values
     if mask_out is not None:
         np.copyto(mask_out, mask)
+
+
+def _native_rows(
+    values: np.ndarray,
+    lengths: npt.NDArray[np.int64],
+    kept: npt.NDArray[np.int64],
+    out: np.ndarray,
+    *,
+    pad_value: int | float | bool,
+    left: bool,
+    mask_out: np.ndarray | None,
+    starts: npt.NDArray[np.int64] | None,
+) -> bool:
+    """The native kernel; ``False`` (nothing written) for a layout or dtype it does not take."""
+    assert _native is not None
+    source_type = NATIVE_TYPES.get(values.dtype)
+    out_type = NATIVE_TYPES.get(out.dtype)
+    mask_type = NATIVE_TYPES.get(mask_out.dtype) if mask_out is not None else 0
+    if source_type is None or out_type is None or mask_type is None:
+        return False  # float16, complex, a byte-swapped dtype: numpy converts those
+    if not (values.flags.c_contiguous and out.flags.c_contiguous):
+        return False
+    if mask_out is not None and not mask_out.flags.c_contiguous:
+        return False
+    if starts is None:
+        starts = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+    elif starts.dtype != np.int64 or not starts.flags.c_contiguous:
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+    if kept.dtype != np.int64 or not kept.flags.c_contiguous:
+        kept = np.ascontiguousarray(kept, dtype=np.int64)
+    real = out_type >= NATIVE_TYPES[np.dtype(np.float32)]
+    _native.pad_rows(
+        values,
+        source_type,
+        starts,
+        kept,
+        out,
+        out_type,
+        out.shape[1],
+        math.prod(values.shape[1:]),
+        0 if real else int(pad_value),
+        float(pad_value),
+        left,
+        mask_out,
+        mask_type,
+    )
+    return True
 
 
 def _window_rows(

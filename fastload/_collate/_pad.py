@@ -52,17 +52,32 @@ def _check_pad_value(option: str, value: object) -> Scalar:
 
 
 @dataclass(frozen=True)
-class _RaggedOut:
-    """How one ragged field of one batch is written."""
+class _FieldRule:
+    """How one ragged field is written, fixed for as long as its stored dtype stays the same."""
 
     name: str
-    column: Ragged | Spans
-    kept: npt.NDArray[np.int64]  # row lengths after truncation to max_length
-    width: int  # padded length: the longest kept row, rounded up to the multiple
-    dtype: np.dtype
+    dtype: np.dtype  # output dtype of the padded values
     pad_value: Scalar
     lengths_name: str
     mask_name: str | None
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """What ``PadCollate`` decided once for batches of one shape of columns (names, kinds and
+    dtypes): the rule of each ragged field, in the batch's order."""
+
+    ragged: tuple[_FieldRule, ...]
+
+
+@dataclass(slots=True)
+class _RaggedOut:
+    """How one ragged field of one batch is written."""
+
+    rule: _FieldRule
+    column: Ragged | Spans
+    kept: npt.NDArray[np.int64]  # row lengths after truncation to max_length
+    width: int  # padded length: the longest kept row, rounded up to the multiple
 
 
 class PadCollate:
@@ -136,7 +151,8 @@ class PadCollate:
         if isinstance(ragged, Mapping):  # a dataset's ``fields``: name -> Field
             ragged = [name for name, field in ragged.items() if field.kind == "ragged"]
         self._ragged = None if ragged is None else frozenset(_names("ragged", ragged))
-        self._checked: set[tuple[str, np.dtype, np.dtype]] = set()  # (field, stored, output)
+        # Column signature (name, kind, stored dtype per column) -> what is fixed for it.
+        self._schemas: dict[tuple[tuple[str, type, np.dtype | None], ...], _Schema] = {}
 
     # -- the two halves of the zero-copy path -----------------------------------------------
 
@@ -154,7 +170,7 @@ class PadCollate:
         """The batch planned once: its ``layout`` and a ``write(out)`` that fills it (what
         ``layout`` followed by ``collate_into`` do, without planning the batch twice)."""
         columns, ragged, rows = self._plan(batch)
-        return _Prepared(self, columns, ragged, self._layout(columns, ragged, rows))
+        return _Prepared(self, columns, ragged, self._layout(columns, ragged, rows), rows)
 
     def __call__(self, batch: Columns | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate a columnar batch or a list of sample dicts into a dict of tensors (and lists
@@ -166,7 +182,7 @@ class PadCollate:
         arrays = {
             name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
         }
-        prepared.write(arrays)
+        prepared.fill(arrays)
         result: dict[str, Any] = {}
         for name, column in prepared.columns.items():  # keep the batch's field order
             result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
@@ -189,24 +205,42 @@ class PadCollate:
         return {name: batch[name] for name in self._fields}
 
     def _layout(self, columns: Columns, ragged: list[_RaggedOut], rows: int) -> Layout:
-        specs = {spec.name: spec for spec in ragged}
+        specs = {spec.rule.name: spec for spec in ragged}
         layout: Layout = {}
         for name, column in columns.items():  # the fields first, in the batch's order
             if isinstance(column, np.ndarray):
                 layout[name] = ((rows, *column.shape[1:]), column.dtype)
             elif name in specs:
                 spec = specs[name]
-                layout[name] = ((rows, spec.width, *_values(spec.column).shape[1:]), spec.dtype)
+                shape = (rows, spec.width, *_values(spec.column).shape[1:])
+                layout[name] = (shape, spec.rule.dtype)
         for spec in ragged:  # then the masks and lengths they generate
-            if spec.mask_name is not None:
-                layout[spec.mask_name] = ((rows, spec.width), self._mask_dtype)
-            layout[spec.lengths_name] = ((rows,), np.dtype(np.int64))
+            if spec.rule.mask_name is not None:
+                layout[spec.rule.mask_name] = ((rows, spec.width), self._mask_dtype)
+            layout[spec.rule.lengths_name] = ((rows,), _INT64)
         return layout
 
     def _plan(self, batch: Columns) -> tuple[Columns, list[_RaggedOut], int]:
         """The selected columns, how each ragged one is written, and the batch size."""
         columns = self._select(batch)
+        signature = tuple((name, type(column), _stored_dtype(column)) for name, column in columns.items())
+        schema = self._schemas.get(signature)
+        if schema is None:
+            schema = self._schemas[signature] = self._schema(columns)
         rows = _batch_size(columns)
+        multiple, max_length = self._multiple, self._max_length
+        specs = []
+        for rule in schema.ragged:
+            column = columns[rule.name]
+            assert isinstance(column, (Ragged, Spans))
+            lengths = np.asarray(column.lengths, dtype=np.int64)
+            kept = lengths if max_length is None else np.minimum(lengths, max_length)
+            longest = int(kept.max()) if kept.size else 0
+            specs.append(_RaggedOut(rule, column, kept, -(-longest // multiple) * multiple))
+        return columns, specs, rows
+
+    def _schema(self, columns: Columns) -> _Schema:
+        """The per-field decisions for columns of this signature, checked once."""
         ragged_names = [
             name for name, column in columns.items() if isinstance(column, (Ragged, Spans))
         ]
@@ -218,41 +252,44 @@ class PadCollate:
                 f"PadCollate(primary={primary!r}) is not a ragged field of the batch; its ragged "
                 f"fields are {ragged_names}"
             )
-        specs = []
+        rules = []
         for name in ragged_names:
             column = columns[name]
             assert isinstance(column, (Ragged, Spans))
-            specs.append(self._ragged_out(name, column, primary=name == primary))
-        _check_names(columns, specs)
-        return columns, specs, rows
-
-    def _ragged_out(self, name: str, column: Ragged | Spans, *, primary: bool) -> _RaggedOut:
-        lengths = np.asarray(column.lengths, dtype=np.int64)
-        kept = lengths if self._max_length is None else np.minimum(lengths, self._max_length)
-        longest = int(kept.max()) if kept.size else 0
-        width = -(-longest // self._multiple) * self._multiple
-        stored = _values(column).dtype
-        default = stored if self._dtype_default is None else self._dtype_default
-        dtype = np.dtype(self._dtypes.get(name, default))
-        pad_value = self._pad_values.get(name, self._pad_default)
-        if (name, stored, dtype) not in self._checked:  # the same every batch: check once
+            stored = _values(column).dtype
+            default = stored if self._dtype_default is None else self._dtype_default
+            dtype = np.dtype(self._dtypes.get(name, default))
+            pad_value = self._pad_values.get(name, self._pad_default)
             if not np.can_cast(stored, dtype, casting="same_kind"):
                 raise ValueError(
                     f"field {name!r} holds {stored}, which dtype={dtype} cannot hold without "
                     "changing kind (e.g. float to int); pick a dtype of the same kind"
                 )
             _check_representable(name, pad_value, dtype)
-            self._checked.add((name, stored, dtype))
-        return _RaggedOut(
-            name=name,
-            column=column,
-            kept=kept,
-            width=width,
-            dtype=dtype,
-            pad_value=pad_value,
-            lengths_name=LENGTHS_NAME if primary else f"{name}_{LENGTHS_NAME}",
-            mask_name=MASK_NAME if primary else None,
-        )
+            is_primary = name == primary
+            rules.append(
+                _FieldRule(
+                    name=name,
+                    dtype=dtype,
+                    pad_value=pad_value,
+                    lengths_name=LENGTHS_NAME if is_primary else f"{name}_{LENGTHS_NAME}",
+                    mask_name=MASK_NAME if is_primary else None,
+                )
+            )
+        _check_names(columns, rules)
+        return _Schema(tuple(rules))
+
+
+_INT64 = np.dtype(np.int64)
+
+
+def _stored_dtype(column: Column | Spans) -> np.dtype | None:
+    """The dtype a column's elements are stored in (``None`` for object fields)."""
+    if isinstance(column, Spans):
+        return column.source.dtype
+    if isinstance(column, Ragged):
+        return column.values.dtype
+    return column.dtype if isinstance(column, np.ndarray) else None
 
 
 def _values(column: Ragged | Spans) -> np.ndarray:
@@ -260,7 +297,7 @@ def _values(column: Ragged | Spans) -> np.ndarray:
     return column.source if isinstance(column, Spans) else column.values
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Prepared:
     """One batch as ``PadCollate`` planned it: the selected columns, how each ragged one is
     written, and the arrays it needs."""
@@ -269,9 +306,10 @@ class _Prepared:
     columns: Columns
     ragged: list[_RaggedOut]
     layout: Layout
+    rows: int
 
     def write(self, out: Mapping[str, np.ndarray]) -> None:
-        """Fill ``out``, whose arrays must match :attr:`layout` exactly."""
+        """Fill ``out``, whose arrays must match :attr:`layout` exactly (checked)."""
         expected = self.layout
         if set(out) != set(expected):
             raise ValueError(f"collate_into needs arrays {sorted(expected)}; got {sorted(out)}")
@@ -281,23 +319,38 @@ class _Prepared:
                     f"collate_into: array {name!r} must have shape {shape} and dtype {dtype}; "
                     f"got {out[name].shape} {out[name].dtype}"
                 )
+        self.fill(out)
+
+    def fill(self, out: Mapping[str, np.ndarray]) -> None:
+        """:meth:`write` without checking ``out``, for a caller that made its arrays from
+        :attr:`layout` itself."""
         for name, column in self.columns.items():
             if isinstance(column, np.ndarray):
                 np.copyto(out[name], column)
         left = self.collate._left
         for spec in self.ragged:
-            source = spec.column
+            source, rule = spec.column, spec.rule
             pad_into(
                 _values(source),
                 source.lengths,
                 spec.kept,
-                out[spec.name],
-                pad_value=spec.pad_value,
+                out[rule.name],
+                pad_value=rule.pad_value,
                 left=left,
-                mask_out=None if spec.mask_name is None else out[spec.mask_name],
+                mask_out=None if rule.mask_name is None else out[rule.mask_name],
                 starts=source.starts if isinstance(source, Spans) else None,
             )
-            out[spec.lengths_name][...] = spec.kept
+            out[rule.lengths_name][...] = spec.kept
+
+    @property
+    def counts(self) -> tuple[int, int | None, int | None]:
+        """Rows, real tokens and padded tokens of the primary ragged field (what the loader's
+        statistics count), or just the rows when there is no ragged field."""
+        rows = self.rows
+        for spec in self.ragged:
+            if spec.rule.mask_name is not None:
+                return rows, int(spec.kept.sum()), rows * spec.width
+        return rows, None, None
 
 
 def _optional_positive(option: str, value: object) -> int | None:
@@ -315,27 +368,30 @@ def _names(option: str, names: Collection[str]) -> list[str]:
 
 
 def _batch_size(columns: Columns) -> int:
-    sizes = {}
+    size: int | None = None
     for name, column in columns.items():
         if isinstance(column, Spans):
-            sizes[name] = int(column.lengths.shape[0])
+            rows = len(column.lengths)
         elif isinstance(column, Ragged):
-            sizes[name] = int(column.lengths.shape[0])
+            rows = len(column.lengths)
             if column.values.shape[0] != int(column.lengths.sum()):
                 raise DataFormatError(
                     f"ragged field {name!r} has {column.values.shape[0]} values but its lengths "
                     f"add up to {int(column.lengths.sum())}"
                 )
         else:
-            sizes[name] = len(column)
-    if len(set(sizes.values())) > 1:
-        raise DataFormatError(f"the fields of the batch disagree on its size: {sizes}")
-    return next(iter(sizes.values()), 0)
+            rows = len(column)
+        if size is None:
+            size = rows
+        elif rows != size:
+            sizes = {n: len(c.lengths) if isinstance(c, (Spans, Ragged)) else len(c) for n, c in columns.items()}
+            raise DataFormatError(f"the fields of the batch disagree on its size: {sizes}")
+    return size or 0
 
 
-def _check_names(columns: Columns, specs: list[_RaggedOut]) -> None:
-    generated = [spec.lengths_name for spec in specs]
-    generated += [spec.mask_name for spec in specs if spec.mask_name is not None]
+def _check_names(columns: Columns, rules: list[_FieldRule]) -> None:
+    generated = [rule.lengths_name for rule in rules]
+    generated += [rule.mask_name for rule in rules if rule.mask_name is not None]
     clashes = sorted(set(generated) & set(columns))
     if clashes:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""Padding straight from samples left in place (``Spans``): the window kernel.
+"""Padding straight from samples left in place (``Spans``): the numpy window kernel.
 
 A reader whose values are memory-mapped gives the fast path ``Spans(source, starts, lengths)``
 instead of a concatenated copy. Whatever kernel runs (window, or its per-row fallback for rows
@@ -17,6 +17,13 @@ from fastload import PadCollate
 from fastload._collate import _kernels as kernels
 from fastload._collate._kernels import ROW_COPY_MIN_BYTES, pad_into
 from fastload._types import Ragged, Spans
+
+
+@pytest.fixture(autouse=True)
+def padding_kernel(monkeypatch: pytest.MonkeyPatch) -> str:
+    """These tests are about the numpy kernels: the native one stays out of the way."""
+    monkeypatch.setattr(kernels, "_native", None)
+    return "numpy"
 
 
 def _layout(rng: np.random.Generator, count: int, low: int, high: int, total: int) -> tuple[np.ndarray, np.ndarray]:
