@@ -337,7 +337,7 @@ class LoaderIterator:
                 if status == ERROR:
                     raise value
             else:
-                status, value = self._engine.get(self._try_put)
+                status, value, self._host_counts = self._engine.get(self._try_put)
         except BaseException as exc:
             if isinstance(exc, FastloadError) or self._pump is not None:
                 self._shutdown(join_s=0.1)  # a dead or hung worker: this epoch cannot go on

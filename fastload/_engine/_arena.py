@@ -8,8 +8,8 @@ against the container's memory limit, which the preflight checks).
 
 A segment holds ``slots`` slots of ``slot_bytes`` each. A slot is *free*, *reserved* for a task,
 or *exported* to the consumer as tensors viewing it; it becomes free again only when the last
-tensor viewing it is garbage-collected (a ``weakref.finalize`` on the numpy array under all the
-views), so a consumer that keeps a batch can never see it overwritten.
+tensor viewing it is garbage-collected (a weak reference with a callback on the numpy array under
+all the views), so a consumer that keeps a batch can never see it overwritten.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,9 +37,9 @@ def align(n: int, to: int = ALIGN) -> int:
     return -(-n // to) * to
 
 
-@dataclass(frozen=True)
-class SlotRef:
-    """Where a task writes its batch: a slot of a segment, as a worker can find it."""
+class SlotRef(NamedTuple):
+    """Where a task writes its batch: a slot of a segment, as a worker can find it (a tuple:
+    made and pickled once per batch)."""
 
     segment: int  # segment id, unique for the arena's life
     fd: int  # the segment's descriptor number in the main process
@@ -141,6 +141,8 @@ class SlotArena:
         #: is freed by the garbage collector: the engine thread may dispatch into it.
         self.on_release: Callable[[], None] | None = None
         self._segments: dict[int, _Segment] = {}
+        # (segment, offset) of each exported slot -> the weak reference whose callback frees it.
+        self._exports: dict[tuple[int, int], weakref.ref[np.ndarray]] = {}
         self._free: deque[SlotRef] = deque()
         self._temporary_ids: set[int] = set()
         self._next_id = 0
@@ -214,10 +216,15 @@ class SlotArena:
         """A writable uint8 array over the first ``nbytes`` of the slot; the slot is freed when
         the array (and every view of it, numpy or torch) is garbage-collected."""
         seg = self._segments[ref.segment]
+        # Views of this array have it as their base (numpy stops collapsing bases at the mmap
+        # under it), so it lives exactly as long as the batch's tensors. A weak reference with
+        # a callback costs a fifth of a weakref.finalize, once per batch.
         arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=ref.offset)
         with self._lock:
             self.exported += 1
-        weakref.finalize(arr, self._on_collected, ref)
+            self._exports[(ref.segment, ref.offset)] = weakref.ref(
+                arr, lambda _: self._on_collected(ref)
+            )
         return arr
 
     def _on_collected(self, ref: SlotRef) -> None:
@@ -225,6 +232,7 @@ class SlotArena:
             self.exported -= 1
             if self._closed:
                 return
+            del self._exports[(ref.segment, ref.offset)]
             self._release_locked(ref)
         if self.on_release is not None:
             self.on_release()
@@ -240,6 +248,7 @@ class SlotArena:
                 seg.close()
             self._segments.clear()
             self._free.clear()
+            # Not the weak references: a batch collected after close still counts itself out.
 
 
 class WorkerSlots:
@@ -247,21 +256,29 @@ class WorkerSlots:
 
     def __init__(self, main_pid: int) -> None:
         self._main_pid = main_pid
-        self._maps: dict[int, mmap.mmap] = {}
+        self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
 
-    def view(self, ref: SlotRef) -> memoryview:
-        mm = self._maps.get(ref.segment)
-        if mm is None:
+    def segment(self, ref: SlotRef) -> np.ndarray:
+        """The whole segment holding ``ref`` as a writable uint8 array (the slot starts at
+        ``ref.offset``); arrays built on it must be dropped before :meth:`forget`."""
+        mapped = self._maps.get(ref.segment)
+        if mapped is None:
             fd = os.open(f"/proc/{self._main_pid}/fd/{ref.fd}", os.O_RDWR)
             try:
                 mm = mmap.mmap(fd, ref.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             finally:
                 os.close(fd)
-            self._maps[ref.segment] = mm
-        return memoryview(mm)[ref.offset : ref.offset + ref.capacity]
+            mapped = self._maps[ref.segment] = (mm, np.frombuffer(mm, dtype=np.uint8))
+        return mapped[1]
+
+    def view(self, ref: SlotRef) -> np.ndarray:
+        """The slot itself, as a writable uint8 array of ``ref.capacity`` bytes."""
+        return self.segment(ref)[ref.offset : ref.offset + ref.capacity]
 
     def forget(self, segment: int) -> None:
-        mm = self._maps.pop(segment, None)
-        if mm is not None:
+        mapped = self._maps.pop(segment, None)
+        if mapped is not None:
+            mm, array = mapped
+            del mapped, array
             with contextlib.suppress(BufferError):
                 mm.close()

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from fastload._engine._pool import WorkerDied, WorkerPool
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+from fastload._engine._transport import loads
 from fastload._engine._worker import EXHAUSTED, FAILED, OK, Resume, WorkerFailure, WorkerSpec
 from fastload.errors import LoaderTimeoutError, WorkerCrashedError
 
@@ -38,6 +39,15 @@ class Codec(Protocol):
         """The task will never be delivered (failed, stale or closed): free what it holds. Only
         called once no worker can still write for it."""
 
+    def counts(self, payload: Any) -> tuple[int, int | None, int | None] | None:
+        """Rows, real and padded tokens of the batch, when the payload says (else ``None``)."""
+
+    def task_message(self, epoch: int, seq: int, index: Any) -> Any:
+        """What is sent to the worker for a task: a picklable message, or bytes."""
+
+    def result_message(self, data: bytes) -> Any:
+        """A worker's reply from its bytes (the inverse of what the worker's builder wrote)."""
+
 
 class GenericCodec:
     """The generic path: the payload is the batch itself."""
@@ -50,6 +60,15 @@ class GenericCodec:
 
     def drop(self, index: Any) -> None:
         return None
+
+    def counts(self, payload: Any) -> None:
+        return None
+
+    def task_message(self, epoch: int, seq: int, index: Any) -> Any:
+        return (epoch, seq, index)
+
+    def result_message(self, data: bytes) -> Any:
+        return loads(data)
 
 
 def describe_indices(index: Any, limit: int = 16) -> str:
@@ -130,7 +149,10 @@ class Engine:
         self._max_tasks_per_worker = max_tasks // num_workers
         self._pool = WorkerPool(
             ctx or multiprocessing.get_context(),
-            num_workers, lambda wid: make_spec(wid, self.epoch), max_workers=max_workers
+            num_workers,
+            lambda wid: make_spec(wid, self.epoch),
+            max_workers=max_workers,
+            decode=self._codec.result_message,
         )
 
     @property
@@ -171,24 +193,26 @@ class Engine:
 
     def _send(self, wid: int, task: Task) -> None:
         self._dispatch.assign(wid, task)
-        self._pool.send(wid, (self.epoch, task.seq, task.index))
+        self._pool.send(wid, self._codec.task_message(self.epoch, task.seq, task.index))
 
-    def get(self, refill: Callable[[], None]) -> tuple[int, Any]:
-        """The next result in order: ``(OK, batch)``, ``(FAILED, exception)`` for a batch whose
-        building raised (the caller raises it, after refilling as torch does), or ``(DONE,
-        None)`` once nothing is in flight. ``refill`` is called when a worker's iterable dataset
-        ends (torch then dispatches another task)."""
+    def get(self, refill: Callable[[], None]) -> tuple[int, Any, Any]:
+        """The next result in order: ``(OK, batch, counts)``, ``(FAILED, exception, None)`` for a
+        batch whose building raised (the caller raises it, after refilling as torch does), or
+        ``(DONE, None, None)`` once nothing is in flight (``counts``: see :meth:`collect`).
+        ``refill`` is called when a worker's iterable dataset ends (torch then dispatches
+        another task)."""
         started = time.monotonic()
+        codec = self._codec
         while True:
             found, item = self._reorder.pop()
             if found:
                 assert item is not None
                 kind, task, payload = item
                 if kind == FAILED:
-                    return FAILED, rebuild_exception(payload, task.seq)
-                return OK, self._codec.decode(task.index, payload)
+                    return FAILED, rebuild_exception(payload, task.seq), None
+                return OK, codec.decode(task.index, payload), codec.counts(payload)
             if self._dispatch.in_flight == 0:
-                return DONE, None
+                return DONE, None, None
             wait_s = _WAIT_S
             if self._timeout_s > 0:
                 left = self._timeout_s - (time.monotonic() - started)
@@ -207,17 +231,18 @@ class Engine:
         refill: Callable[[], None],
         ready: list[tuple[int, int]] | None = None,
         generation: int | None = None,
-    ) -> list[tuple[int, Any]]:
+    ) -> list[tuple[int, Any, Any]]:
         """Without blocking: handle what the workers have sent, then return every batch that may
-        now be delivered, in order, as ``(OK, batch)`` or ``(FAILED, exception)`` (see
-        :meth:`get`). For a caller that polls :meth:`watch` itself (``_pump.Pump``) and passes
-        what it found."""
+        now be delivered, in order, as ``(OK, batch, counts)`` or ``(FAILED, exception, None)``
+        (see :meth:`get`; ``counts`` is what :meth:`Codec.counts` says of the payload). For a
+        caller that polls :meth:`watch` itself (``_pump.Pump``) and passes what it found."""
         for wid, msg in self._pool.wait(0, ready, generation):
             if isinstance(msg, WorkerDied):
                 self._on_death(wid, msg)
             else:
                 self._on_result(wid, msg, refill)
-        out: list[tuple[int, Any]] = []
+        out: list[tuple[int, Any, Any]] = []
+        codec = self._codec
         while True:
             found, item = self._reorder.pop()
             if not found:
@@ -225,9 +250,9 @@ class Engine:
             assert item is not None
             kind, task, payload = item
             if kind == FAILED:
-                out.append((FAILED, rebuild_exception(payload, task.seq)))
+                out.append((FAILED, rebuild_exception(payload, task.seq), None))
             else:
-                out.append((OK, self._codec.decode(task.index, payload)))
+                out.append((OK, codec.decode(task.index, payload), codec.counts(payload)))
 
     def watch(self) -> tuple[int, list[int]]:
         """What to block on until :meth:`collect` has something to do, and the generation of

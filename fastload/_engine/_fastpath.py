@@ -6,27 +6,48 @@ slot reserved for the batch). The worker reads the samples in one call, asks the
 output layout, and pads straight into the slot; it sends back only a :class:`SlotBatch`
 descriptor (names, offsets, shapes, dtypes). The main process wraps the slot in tensors without
 copying; the slot returns to the arena when the last of those tensors is garbage-collected.
+
+The two messages sent once per batch have a binary form of their own (the rest, rare, are
+pickles): a task is ``b"T"``, the header and the indices' raw bytes; a built batch is ``b"R"``,
+a header and the pickled array descriptor. Both are a few struct calls where a pickle of the
+same objects costs several microseconds at each end.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import pickle
+import struct
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from fastload._engine._arena import SlotArena, SlotRef, WorkerSlots, align
+from fastload._engine._transport import is_pickle
+from fastload._engine._worker import OK
 from fastload._types import Spans
 
+# b"T", epoch, seq, the SlotRef's six fields, then the int64 indices.
+_TASK = struct.Struct("<cqqqqqqq?")
+# b"R", epoch, seq, nbytes, rows, real tokens, padded tokens (-1: unknown), busy_s, read_s
+# (NaN: unknown), then the pickled (arrays, objects).
+_REPLY = struct.Struct("<cqqqqqqdd")
+_UNKNOWN = -1
 
-@dataclass(frozen=True)
+
 class SlotTask:
-    indices: np.ndarray  # int64 sample indices of the batch
-    slot: SlotRef
+    """A fast-path task: the batch's sample indices and the slot reserved for it. Iterates and
+    measures as its indices (it stands for them in error messages)."""
+
+    __slots__ = ("indices", "slot")
+
+    def __init__(self, indices: np.ndarray, slot: SlotRef) -> None:
+        self.indices = indices  # int64 sample indices of the batch
+        self.slot = slot
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -36,23 +57,24 @@ class SlotTask:
 
     def __reduce__(self) -> Any:
         # Sent once per batch: raw bytes and a plain tuple pickle several times faster than an
-        # ndarray and a dataclass.
-        s = self.slot
-        return _slot_task, (self.indices.tobytes(), s.segment, s.fd, s.size, s.offset, s.capacity, s.temporary)
+        # ndarray and a class instance.
+        return _slot_task, (self.indices.tobytes(), tuple(self.slot))
 
 
-def _slot_task(indices: bytes, *slot: Any) -> SlotTask:
+def _slot_task(indices: bytes, slot: tuple[Any, ...]) -> SlotTask:
     return SlotTask(np.frombuffer(indices, dtype=np.int64), SlotRef(*slot))
 
 
-@dataclass(frozen=True)
-class SlotBatch:
-    """Where each output array lies in the slot: ``arrays[name] = (offset, shape, dtype str)``;
-    ``objects`` carries object fields (strings) by value; ``nbytes`` is the slot bytes used."""
+class SlotBatch(NamedTuple):
+    """Where each output array lies in the slot, as ``(name, offset, shape, dtype str)``;
+    ``objects`` carries object fields (strings) by value; ``nbytes`` is the slot bytes used;
+    ``counts`` are the batch's rows, real and padded tokens (for statistics; ``None`` when the
+    collate does not say). A plain tuple of tuples: it is pickled once per batch."""
 
-    arrays: dict[str, tuple[int, tuple[int, ...], str]]
-    objects: dict[str, Any]
+    arrays: tuple[tuple[str, int, tuple[int, ...], str], ...]
+    objects: dict[str, Any] | None
     nbytes: int
+    counts: tuple[int, int | None, int | None] | None
 
 
 @dataclass(frozen=True)
@@ -62,31 +84,61 @@ class Oversize:
     nbytes: int
 
 
-def plan_layout(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[dict[str, tuple[int, tuple[int, ...], str]], int]:
-    """Byte offsets for each output array, each aligned, and the total size."""
-    arrays: dict[str, tuple[int, tuple[int, ...], str]] = {}
+def plan_layout(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[list[tuple[str, int, tuple[int, ...], np.dtype]], int]:
+    """Each output array as ``(name, byte offset, shape, dtype)``, each offset aligned, and the
+    total size."""
+    arrays = []
     offset = 0
     for name, (shape, dtype) in layout.items():
-        dt = np.dtype(dtype)
-        arrays[name] = (offset, tuple(int(d) for d in shape), dt.str)
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        arrays.append((name, offset, shape, dt))
         offset = align(offset + math.prod(shape) * dt.itemsize)
     return arrays, offset
 
 
 class SlotBuilder:
-    """Runs in a worker: builds one batch into its slot (the worker's ``fetcher``)."""
+    """Runs in a worker: builds one batch into its slot (the worker's ``fetcher``), and reads
+    and writes the two per-batch messages in their binary form."""
 
     def __init__(self, dataset: Any, collate: Any, main_pid: int) -> None:
         self.dataset = dataset
         self.collate = collate
         self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
         self._slots = WorkerSlots(main_pid)
+        self._read: Any = None  # looked up on the first build, in the worker
+
+    def _reader(self) -> Any:
+        # fastload's readers can leave mapped samples in place for the padding to gather from.
+        if self._read is None:
+            self._read = getattr(self.dataset, "_read_batch_in_place", None) or self.dataset.read_batch
+        return self._read
+
+    @staticmethod
+    def task_message(data: bytes) -> Any:
+        """A message from the main process: ``(epoch, seq, SlotTask)``, or a pickled one."""
+        if is_pickle(data):
+            return pickle.loads(data)
+        _, epoch, seq, *slot = _TASK.unpack_from(data)
+        indices = np.frombuffer(data, dtype=np.int64, offset=_TASK.size)
+        return epoch, seq, SlotTask(indices, SlotRef(*slot))
+
+    @staticmethod
+    def result_bytes(reply: tuple[Any, ...]) -> bytes:
+        """The worker's reply ``(epoch, seq, kind, payload, busy_s, read_s)`` as bytes."""
+        epoch, seq, kind, payload, busy_s, read_s = reply
+        if kind != OK or not isinstance(payload, SlotBatch):
+            return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+        rows, real, padded = payload.counts or (_UNKNOWN, None, None)
+        head = _REPLY.pack(
+            b"R", epoch, seq, payload.nbytes, rows,
+            _UNKNOWN if real is None else real, _UNKNOWN if padded is None else padded,
+            busy_s, math.nan if read_s is None else read_s,
+        )  # fmt: skip
+        return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
 
     def build(self, task: SlotTask) -> SlotBatch | Oversize:
         started = time.perf_counter()
-        # fastload's readers can leave mapped samples in place for the padding to gather from.
-        read = getattr(self.dataset, "_read_batch_in_place", None) or self.dataset.read_batch
-        columnar = read(task.indices)
+        columnar = (self._read or self._reader())(task.indices)
         self.last_read_s = time.perf_counter() - started
         # PadCollate plans a batch once for both halves; any other collate with layout and
         # collate_into is asked twice.
@@ -96,14 +148,16 @@ class SlotBuilder:
         arrays, nbytes = plan_layout(layout)
         if nbytes > task.slot.capacity:
             return Oversize(nbytes)
-        buf = self._slots.view(task.slot)
+        segment = self._slots.segment(task.slot)
+        base = task.slot.offset
         try:
             out = {
-                name: np.frombuffer(buf, dtype=_np_dtype(dt), count=math.prod(shape), offset=off).reshape(shape)
-                for name, (off, shape, dt) in arrays.items()
+                name: np.ndarray(shape, dtype, buffer=segment, offset=base + off)
+                for name, off, shape, dtype in arrays
             }
             if prepared is not None:
-                prepared.write(out)
+                # It made the layout these arrays follow: no need to check them against it.
+                getattr(prepared, "fill", prepared.write)(out)
             else:
                 self.collate.collate_into(columnar, out)
             del out
@@ -112,11 +166,13 @@ class SlotBuilder:
                 # read (page faults on a cold file land there), so it counts as read time.
                 self.last_read_s = time.perf_counter() - started
         finally:
-            buf.release()
+            del segment
             if task.slot.temporary:
                 self._slots.forget(task.slot.segment)
-        objects = {k: v for k, v in columnar.items() if isinstance(v, list)}
-        return SlotBatch(arrays, objects, nbytes)
+        objects = {k: v for k, v in columnar.items() if isinstance(v, list)} or None
+        counts = getattr(prepared, "counts", None)
+        described = tuple([(n, off, shape, dt.str) for n, off, shape, dt in arrays])
+        return SlotBatch(described, objects, nbytes, counts)
 
 
 class SlotCodec:
@@ -130,18 +186,38 @@ class SlotCodec:
     def task(self, indices: Any) -> SlotTask:
         return SlotTask(np.asarray(indices, dtype=np.int64), self.arena.reserve())
 
+    def task_message(self, epoch: int, seq: int, index: SlotTask) -> bytes:
+        indices = index.indices
+        if indices.dtype != np.int64 or not indices.flags.c_contiguous:
+            indices = np.ascontiguousarray(indices, dtype=np.int64)
+        return _TASK.pack(b"T", epoch, seq, *index.slot) + indices.tobytes()
+
+    def result_message(self, data: bytes) -> Any:
+        if is_pickle(data):
+            return pickle.loads(data)
+        _, epoch, seq, nbytes, rows, real, padded, busy_s, read_s = _REPLY.unpack_from(data)
+        arrays, objects = pickle.loads(memoryview(data)[_REPLY.size :])
+        counts = None
+        if rows != _UNKNOWN:
+            counts = (rows, None if real == _UNKNOWN else real, None if padded == _UNKNOWN else padded)
+        batch = SlotBatch(arrays, objects, nbytes, counts)
+        return epoch, seq, OK, batch, busy_s, None if math.isnan(read_s) else read_s
+
     def decode(self, index: SlotTask, payload: SlotBatch) -> dict[str, Any]:
-        # numpy views of the exported array keep it (and so the slot) alive: their base is that
-        # array, not the mmap under it. Building views in numpy and wrapping each once is several
-        # times cheaper than slicing and re-viewing a torch tensor.
+        # One array per output, straight on the exported slot array (their base), each wrapped
+        # once: several times cheaper than slicing and re-viewing, in numpy or torch.
         base = self.arena.export(index.slot, payload.nbytes)
-        batch: dict[str, Any] = {}
-        for name, (off, shape, dt) in payload.arrays.items():
-            dtype = _np_dtype(dt)
-            view = base[off : off + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
-            batch[name] = torch.from_numpy(view)
-        batch.update(payload.objects)
+        batch: dict[str, Any] = {
+            name: torch.from_numpy(np.ndarray(shape, _np_dtype(dt), buffer=base, offset=off))
+            for name, off, shape, dt in payload.arrays
+        }
+        if payload.objects:
+            batch.update(payload.objects)
         return batch
+
+    def counts(self, payload: Any) -> tuple[int, int | None, int | None] | None:
+        """The rows, real and padded tokens the worker counted, when it did."""
+        return payload.counts if isinstance(payload, SlotBatch) else None
 
     def retry(self, index: SlotTask, payload: Any) -> SlotTask | None:
         if not isinstance(payload, Oversize):

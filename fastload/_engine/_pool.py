@@ -34,22 +34,17 @@ import fcntl
 import gc
 import os
 import select
-import struct
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from fastload._engine._transport import dumps_task, loads
+from fastload._engine._transport import dumps_task, loads, take_frames, write_frame
 from fastload._engine._worker import WorkerSpec, worker_main
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
-# multiprocessing.Connection's framing, which the workers write with send_bytes: a signed
-# big-endian 4-byte length, or -1 followed by an unsigned 8-byte length for large messages.
-_HEADER = struct.Struct("!i")
-_LONG_HEADER = struct.Struct("!Q")
 _CLOSED = -1  # a pipe end that is not open (no worker, or closed)
 
 
@@ -85,13 +80,6 @@ def _frozen_for_fork(ctx: Any) -> Iterator[None]:
         gc.unfreeze()
 
 
-def _send_frame(fd: int, payload: bytes) -> None:
-    """Write one message in Connection's framing (what the worker's ``recv_bytes`` reads)."""
-    view = memoryview(_HEADER.pack(len(payload)) + payload)  # tasks are a few hundred bytes
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _close_ends(*ends: list[int]) -> None:
     """Close every open descriptor in ``ends`` and mark it closed, in place."""
     for fds in ends:
@@ -113,9 +101,11 @@ class WorkerPool:
         make_spec: Callable[[int], WorkerSpec],
         *,
         max_workers: int | None = None,
+        decode: Callable[[bytes], Any] = loads,
     ) -> None:
         self._ctx = ctx
         self._make_spec = make_spec
+        self._decode = decode  # one result message's bytes -> the message
         self._procs: list[Any] = [None] * num_workers
         # The main process's ends of each worker's pipes: NOTE [raw descriptors]. Both lists are
         # only ever changed in place, because the finalizer holds them.
@@ -171,12 +161,13 @@ class WorkerPool:
         return [p.pid for p in self._procs if p is not None]
 
     def send(self, wid: int, msg: Any) -> None:
+        """Send ``msg`` to worker ``wid``: a pickle, or bytes a codec encoded itself."""
         fd = self._tasks[wid]
         if fd == _CLOSED:
             return  # dead and not yet respawned: its tasks are re-dispatched on respawn
         # A worker that just died: wait() reports it and its tasks are re-dispatched.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            _send_frame(fd, dumps_task(msg))
+            write_frame(fd, msg if isinstance(msg, bytes) else dumps_task(msg))
 
     def _watch(self) -> select.poll:
         if self._poller is None:
@@ -253,20 +244,7 @@ class WorkerPool:
             inbox += chunk
             if len(chunk) < _PIPE_BYTES:
                 break  # the pipe is empty now; more wakes the poll again
-        start, end = 0, len(inbox)
-        while end - start >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(inbox, start)
-            head = _HEADER.size
-            if size == -1:
-                if end - start < head + _LONG_HEADER.size:
-                    break
-                (size,) = _LONG_HEADER.unpack_from(inbox, start + head)
-                head += _LONG_HEADER.size
-            if end - start - head < size:
-                break
-            out.append(loads(inbox[start + head : start + head + size]))
-            start += head + size
-        del inbox[:start]
+        out.extend(take_frames(inbox, self._decode))
         return out
 
     def _discard(self, wid: int) -> None:
@@ -310,7 +288,7 @@ class WorkerPool:
         if tasks != _CLOSED:
             with contextlib.suppress(OSError):
                 os.set_blocking(tasks, False)
-                _send_frame(tasks, dumps_task(None))  # a few bytes: written whole or not at all
+                write_frame(tasks, dumps_task(None))  # a few bytes: written whole or not at all
         _close_ends([tasks, results])
         if proc is not None:
             self._retired.append(proc)
@@ -328,7 +306,7 @@ class WorkerPool:
             if fd != _CLOSED:
                 with contextlib.suppress(OSError):
                     os.set_blocking(fd, False)
-                    _send_frame(fd, stop)  # a few bytes: written whole or not at all
+                    write_frame(fd, stop)  # a few bytes: written whole or not at all
         _close_ends(self._tasks)
         _close_ends(self._results)  # 2
         deadline = time.monotonic() + join_s  # 3

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copyreg
 import io
+import os
 import pickle
+import struct
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -88,6 +91,57 @@ def dumps(obj: Any) -> bytes:
 loads = pickle.loads
 
 
+def is_pickle(payload: bytes) -> bool:
+    """Whether a message is a pickle (protocol 2 and up start with PROTO, 0x80), as opposed to a
+    codec's own binary message, which starts with a letter."""
+    return payload[:1] == b"\x80"
+
+
 def dumps_task(msg: Any) -> bytes:
     """A task message (indices, slot references): plain pickle, no shared-memory reducers."""
     return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# multiprocessing.Connection's framing, which both ends may write with send_bytes: a signed
+# big-endian 4-byte length, or -1 followed by an unsigned 8-byte length for large messages.
+_HEADER = struct.Struct("!i")
+_LONG_HEADER = struct.Struct("!Q")
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` in Connection's framing (what ``Connection.recv_bytes`` reads)."""
+    if len(payload) > 0x7FFFFFFF:
+        return _HEADER.pack(-1) + _LONG_HEADER.pack(len(payload)) + payload
+    return _HEADER.pack(len(payload)) + payload
+
+
+def write_frame(fd: int, payload: bytes) -> None:
+    """Write one message in Connection's framing to the blocking or non-blocking pipe ``fd``,
+    whole: a short write is continued (a non-blocking pipe that is full raises
+    ``BlockingIOError``)."""
+    view = memoryview(frame(payload))
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def take_frames(inbox: bytearray, decode: Callable[[bytes], Any] = pickle.loads) -> list[Any]:
+    """Decode every whole message at the front of ``inbox`` (bytes read raw from a pipe in
+    Connection's framing) and remove them from it; a message cut off stays for the next read.
+    ``decode`` turns one message's bytes into the message (a pickle, unless the sender's codec
+    wrote its own format: see :func:`is_pickle`)."""
+    out: list[Any] = []
+    start, end = 0, len(inbox)
+    while end - start >= _HEADER.size:
+        (size,) = _HEADER.unpack_from(inbox, start)
+        head = _HEADER.size
+        if size == -1:
+            if end - start < head + _LONG_HEADER.size:
+                break
+            (size,) = _LONG_HEADER.unpack_from(inbox, start + head)
+            head += _LONG_HEADER.size
+        if end - start - head < size:
+            break
+        out.append(decode(bytes(inbox[start + head : start + head + size])))
+        start += head + size
+    del inbox[:start]
+    return out

@@ -10,6 +10,7 @@ See the shutdown NOTE in ``_pool.py``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -26,7 +27,7 @@ import torch
 from torch.utils.data._utils import worker as torch_worker
 
 from fastload._engine._fetch import IterableFetcher, make_fetcher
-from fastload._engine._transport import dumps, loads
+from fastload._engine._transport import dumps, take_frames, write_frame
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -87,6 +88,17 @@ def _seed(spec: WorkerSpec) -> int:
     return seed
 
 
+def _yield_to_the_main_process() -> None:
+    """Run this worker under ``SCHED_BATCH`` (Linux): a worker woken by a new task then waits
+    for a free CPU instead of preempting the process that woke it. Under the default policy the
+    main process's write of a task took 135 µs on two cores, the worker running first on its
+    CPU; under this one 6 µs, and the consumer's step goes on while the worker builds."""
+    policy = getattr(os, "SCHED_BATCH", None)
+    if policy is not None:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+
+
 def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
     if os.getppid() != ppid:
         return False
@@ -114,6 +126,7 @@ def worker_main(
         os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     ppid = os.getppid()
+    _yield_to_the_main_process()
     torch.set_num_threads(1)
     seed = _seed(spec)
     torch_worker._worker_info = torch_worker.WorkerInfo(
@@ -129,19 +142,20 @@ def worker_main(
         init_failure = _failure(exc, spec, index=None)
 
     exhausted = False
-    # One poll object for the life of the worker (Connection.poll builds a selector per call).
-    waiter = select.poll()
-    waiter.register(tasks.fileno(), select.POLLIN)
-    # Fast-path replies are small descriptors: the plain pickler, not the one that moves arrays
-    # through shared memory (whose set-up alone costs more than the descriptor).
-    encode = dumps if spec.builder is None else _plain_dumps
+    # The fast path's builder reads and writes its per-batch messages in a binary form of its
+    # own; everything else is pickled (results with the pickler that moves arrays through
+    # shared memory).
+    builder = spec.builder
+    inbox = _Inbox(tasks.fileno(), pickle.loads if builder is None else builder.task_message)
+    encode = dumps if builder is None else builder.result_bytes
+    results_fd = results.fileno()
     try:
         while True:
-            if not waiter.poll(_POLL_S * 1000):
+            msg = inbox.next(_POLL_S)  # EOFError: the main process closed the pipe
+            if msg is _NOTHING:
                 if not _parent_alive(spec, ppid):
                     return
                 continue
-            msg = loads(tasks.recv_bytes())  # EOFError: the main process closed the pipe
             if msg is None:
                 return
             if isinstance(msg, Resume):
@@ -168,7 +182,7 @@ def worker_main(
             except Exception as exc:  # an unpicklable batch fails that batch, not the worker
                 data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index), 0.0, None))
             del reply
-            results.send_bytes(data)
+            write_frame(results_fd, data)  # Connection's framing, without its per-call checks
             progress[spec.worker_id] = -1
             del data
     except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -177,8 +191,34 @@ def worker_main(
         results.close()
 
 
-def _plain_dumps(obj: Any) -> bytes:
-    return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+_NOTHING = object()  # _Inbox.next: no message within the timeout
+
+
+class _Inbox:
+    """The task pipe, read raw: one read takes every message waiting, and a poll happens only
+    when none is left (``Connection.recv_bytes`` costs a poll and two reads per message)."""
+
+    def __init__(self, fd: int, decode: Callable[[bytes], Any]) -> None:
+        self._fd = fd
+        self._decode = decode
+        self._buffer = bytearray()
+        self._messages: list[Any] = []
+        self._poll = select.poll()  # one poll object for the worker's life
+        self._poll.register(fd, select.POLLIN)
+
+    def next(self, timeout_s: float) -> Any:
+        """The next message, or ``_NOTHING`` when none arrived within ``timeout_s``; raises
+        ``EOFError`` once the main process has closed the pipe."""
+        while not self._messages:
+            if not self._poll.poll(timeout_s * 1000):
+                return _NOTHING
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self._buffer += chunk
+            self._messages = take_frames(self._buffer, self._decode)
+            self._messages.reverse()
+        return self._messages.pop()
 
 
 def _new_fetcher(spec: WorkerSpec) -> Any:

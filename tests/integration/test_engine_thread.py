@@ -1,14 +1,17 @@
-"""The fast path's engine thread (``_engine/_pump.py``): batches are received, decoded and the
-next tasks dispatched on a thread of the main process, so ``next()`` only takes a finished batch.
+"""The fast path's engine runner (``_engine/_pump.py``): batches are received, decoded and the
+next tasks dispatched on a thread of the main process while the consumer steps slowly (so
+``next()`` only takes a finished batch), and by ``next()`` itself while it steps fast.
 
-What must hold with the thread as without it: torch's bound on how far the sampler runs ahead,
-exact and ordered epochs, errors raised at ``next()`` with the epoch then stopped, timeouts, and
-nothing left behind (threads, processes) however the iteration ends.
+What must hold with the thread as without it, and across switches between the two: torch's bound
+on how far the sampler runs ahead, exact and ordered epochs, errors raised at ``next()`` with the
+epoch then stopped, timeouts, and nothing left behind (threads, processes) however the iteration
+ends.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import threading
 import time
@@ -22,6 +25,7 @@ import torch
 from _user_readers import UserReader
 
 import fastload
+from fastload._engine import _pump
 from fastload.errors import LoaderTimeoutError, WorkerCrashedError
 
 N = 240
@@ -114,6 +118,19 @@ class _KillsWorkerAt(UserReader):
             os._exit(3)
 
 
+@pytest.fixture(params=["threaded", "inline"])
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with the engine thread driving throughout, or with ``next()`` driving from
+    the second batch on, whatever the consumer's pace."""
+    if request.param == "threaded":
+        monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
+        monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
+    else:
+        monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)
+        monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
+    return str(request.param)
+
+
 def _plan(size: int = 8) -> list[list[int]]:
     order = np.random.default_rng(5).permutation(N)
     return [order[i : i + size].tolist() for i in range(0, N, size)]
@@ -155,7 +172,7 @@ def test_batches_are_built_and_decoded_before_the_consumer_asks(h5: Path) -> Non
     assert len(list(it)) == len(it) - 1
 
 
-def test_a_consumer_that_holds_every_batch_with_one_task_in_flight_does_not_hang(h5: Path) -> None:
+def test_a_consumer_that_holds_every_batch_with_one_task_in_flight_does_not_hang(h5: Path, driver: str) -> None:
     loader = fastload.DataLoader(
         fastload.HDF5Dataset(h5), batch_size=8, num_workers=1, prefetch_factor=1, collate_fn=_collate()
     )
@@ -165,7 +182,7 @@ def test_a_consumer_that_holds_every_batch_with_one_task_in_flight_does_not_hang
     assert expected.tolist() == fastload.HDF5Dataset(h5).lengths.tolist()
 
 
-def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_epoch(h5: Path) -> None:
+def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_epoch(h5: Path, driver: str) -> None:
     plan = _CountingPlan(_plan(), fail_at=7)
     it = iter(fastload.DataLoader(_Slow(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     pids = it.worker_pids
@@ -180,7 +197,7 @@ def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_
     assert _wait_until(lambda: not any(_alive(p) for p in pids))
 
 
-def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path) -> None:
+def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path, driver: str) -> None:
     plan = _plan()
     loader = fastload.DataLoader(
         _SlowAt(h5, at=plan[2][0], delay_s=30), batch_sampler=plan, num_workers=2, timeout=0.5, collate_fn=_collate()
@@ -194,7 +211,7 @@ def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path) -> None:
     assert _wait_until(lambda: not _pump_threads())
 
 
-def test_a_batch_that_keeps_killing_workers_ends_the_epoch_with_a_named_error(h5: Path) -> None:
+def test_a_batch_that_keeps_killing_workers_ends_the_epoch_with_a_named_error(h5: Path, driver: str) -> None:
     plan = _plan()
     victim = plan[3][2]
     before = {p.pid for p in psutil_children()}  # other tests may leave a forkserver behind
@@ -232,7 +249,7 @@ def test_leaving_an_epoch_early_stops_the_thread_and_the_workers(h5: Path, how: 
     assert _wait_until(lambda: not any(_alive(p) for p in pids))
 
 
-def test_persistent_workers_keep_one_thread_across_epochs_and_each_epoch_is_exact(h5: Path) -> None:
+def test_persistent_workers_keep_one_thread_across_epochs_and_each_epoch_is_exact(h5: Path, driver: str) -> None:
     loader = fastload.DataLoader(
         fastload.HDF5Dataset(h5), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
         collate_fn=_collate(), generator=torch.Generator().manual_seed(0),
@@ -247,6 +264,65 @@ def test_persistent_workers_keep_one_thread_across_epochs_and_each_epoch_is_exac
         seen = sorted(x for b in loader for x in b["lengths"].tolist())
         assert seen == everything
         assert len(_pump_threads()) == 1
+
+
+def _batches_seen(it: Any, pace_s: Any) -> tuple[list[list[int]], list[bool]]:
+    """Every batch's lengths, and whether the thread drove when it was taken; ``pace_s(k)`` is
+    the consumer's step after batch ``k``."""
+    seen, threaded = [], []
+    for k, batch in enumerate(it):
+        seen.append(batch["lengths"].tolist())
+        threaded.append(it._pump.threaded)
+        del batch
+        if pace_s(k):
+            time.sleep(pace_s(k))
+    return seen, threaded
+
+
+def test_a_fast_consumer_drives_the_engine_itself_and_the_thread_parks(h5: Path) -> None:
+    plan = _plan(4)
+    it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
+    seen, threaded = _batches_seen(it, lambda k: 0)
+    assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
+    assert threaded[0] and not threaded[-1]  # it starts threaded, then follows the consumer
+
+
+def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:
+    plan = _plan(16)
+    it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
+    seen, threaded = _batches_seen(it, lambda k: 0.004)
+    assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
+    assert all(threaded)
+
+
+def test_switching_drivers_back_and_forth_keeps_the_epoch_exact_and_ordered(h5: Path) -> None:
+    plan = _plan(2)  # 120 batches: fast stretches of 30, slow stretches of 10
+    it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
+    seen, threaded = _batches_seen(it, lambda k: 0.004 if k % 40 >= 30 else 0)
+    assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
+    switches = sum(a != b for a, b in itertools.pairwise(threaded))
+    assert switches >= 4, threaded
+
+
+def test_a_worker_killed_while_next_drives_is_replaced_and_the_epoch_is_exact(h5: Path, driver: str) -> None:
+    plan = _plan()
+    victim = plan[9][0]
+    reader = _KillsWorkerOnceAt(h5, at=victim, marker=h5.parent / f"killed-{driver}")
+    it = iter(fastload.DataLoader(reader, batch_sampler=plan, num_workers=2, collate_fn=_collate()))
+    seen = [b["lengths"].tolist() for b in it]
+    assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
+    assert it.stats().respawns == 1
+
+
+class _KillsWorkerOnceAt(UserReader):
+    def __init__(self, path: Path, at: int, marker: Path) -> None:
+        super().__init__(path)
+        self.at, self.marker = at, marker
+
+    def hook(self, indices: np.ndarray) -> None:
+        if self.at in indices.tolist() and not self.marker.exists():
+            self.marker.touch()
+            os._exit(7)
 
 
 def _alive(pid: int) -> bool:

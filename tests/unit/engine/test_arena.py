@@ -94,8 +94,9 @@ def test_a_worker_view_shares_memory_with_the_main_process() -> None:
     arena = _arena()
     ref = arena.reserve()
     view = WorkerSlots(os.getpid()).view(ref)
-    np.frombuffer(view, dtype=np.int64, count=4)[:] = [1, 2, 3, 4]
-    view.release()
+    assert view.nbytes == ref.capacity
+    view[:32].view(np.int64)[:] = [1, 2, 3, 4]
+    del view
     seen = arena.export(ref, 32).view(np.int64)
     assert seen.tolist() == [1, 2, 3, 4]
     del seen
