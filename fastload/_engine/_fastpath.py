@@ -41,28 +41,51 @@ _UNKNOWN = -1
 
 class SlotTask:
     """A fast-path task: the batch's sample indices and the slot reserved for it. Iterates and
-    measures as its indices (it stands for them in error messages)."""
+    measures as its indices (it stands for them in error messages).
 
-    __slots__ = ("indices", "slot")
+    ``indices`` is what the sampler gave (a list of ints, most often) in the main process, and
+    an int64 array in the worker; ``raw`` is them as int64 bytes, made once (and checked) when
+    the task is made."""
 
-    def __init__(self, indices: np.ndarray, slot: SlotRef) -> None:
-        self.indices = indices  # int64 sample indices of the batch
+    __slots__ = ("indices", "raw", "slot")
+
+    def __init__(self, indices: Any, slot: SlotRef, raw: bytes | None = None) -> None:
+        self.indices = indices
         self.slot = slot
+        self.raw = _index_bytes(indices) if raw is None else raw
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __iter__(self) -> Any:
-        return iter(self.indices.tolist())
+        indices = self.indices
+        return iter(indices.tolist() if isinstance(indices, np.ndarray) else indices)
 
     def __reduce__(self) -> Any:
-        # Sent once per batch: raw bytes and a plain tuple pickle several times faster than an
-        # ndarray and a class instance.
-        return _slot_task, (self.indices.tobytes(), tuple(self.slot))
+        return _slot_task, (self.raw, tuple(self.slot))
 
 
-def _slot_task(indices: bytes, slot: tuple[Any, ...]) -> SlotTask:
-    return SlotTask(np.frombuffer(indices, dtype=np.int64), SlotRef(*slot))
+def _slot_task(raw: bytes, slot: tuple[Any, ...]) -> SlotTask:
+    return SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw)
+
+
+@functools.lru_cache(maxsize=256)
+def _int64s(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}q")
+
+
+def _index_bytes(indices: Any) -> bytes:
+    """Sample indices as raw int64 bytes. A list of ints is packed directly (a third of the
+    cost of converting it to an array first, once per batch)."""
+    if type(indices) is list:
+        try:
+            return _int64s(len(indices)).pack(*indices)
+        except struct.error:
+            pass  # numpy integers, bools, out-of-range values: let numpy say what is wrong
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu" and array.size:
+        raise TypeError(f"sample indices must be integers; got {array.dtype} from {indices!r:.80}")
+    return np.ascontiguousarray(array, dtype=np.int64).tobytes()
 
 
 class SlotBatch(NamedTuple):
@@ -119,8 +142,8 @@ class SlotBuilder:
         if is_pickle(data):
             return pickle.loads(data)
         _, epoch, seq, *slot = _TASK.unpack_from(data)
-        indices = np.frombuffer(data, dtype=np.int64, offset=_TASK.size)
-        return epoch, seq, SlotTask(indices, SlotRef(*slot))
+        raw = data[_TASK.size :]
+        return epoch, seq, SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw)
 
     @staticmethod
     def result_bytes(reply: tuple[Any, ...]) -> bytes:
@@ -184,13 +207,11 @@ class SlotCodec:
         self.oversize_batches = 0  # batches that needed a temporary slot
 
     def task(self, indices: Any) -> SlotTask:
-        return SlotTask(np.asarray(indices, dtype=np.int64), self.arena.reserve())
+        raw = _index_bytes(indices)  # a bad index fails here, as the sampler's error
+        return SlotTask(indices, self.arena.reserve(), raw)
 
     def task_message(self, epoch: int, seq: int, index: SlotTask) -> bytes:
-        indices = index.indices
-        if indices.dtype != np.int64 or not indices.flags.c_contiguous:
-            indices = np.ascontiguousarray(indices, dtype=np.int64)
-        return _TASK.pack(b"T", epoch, seq, *index.slot) + indices.tobytes()
+        return _TASK.pack(b"T", epoch, seq, *index.slot) + index.raw
 
     def result_message(self, data: bytes) -> Any:
         if is_pickle(data):
@@ -224,7 +245,7 @@ class SlotCodec:
             return None
         self.arena.release(index.slot)
         self.oversize_batches += 1
-        return SlotTask(index.indices, self.arena.temporary(payload.nbytes))
+        return SlotTask(index.indices, self.arena.temporary(payload.nbytes), index.raw)
 
     def drop(self, index: SlotTask) -> None:
         self.arena.release(index.slot)

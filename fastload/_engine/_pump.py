@@ -124,12 +124,18 @@ class Pump:
 
     # -- the consumer's side ------------------------------------------------------------------
     def grant(self, n: int = 1) -> None:
-        """Allow ``n`` more tasks to be dispatched. While threaded, a single grant does not wake
-        the thread: the consumer is about to drop its previous batch, and :meth:`nudge` (called
+        """Allow ``n`` more tasks to be dispatched (inline: dispatch them). While threaded, a
+        single grant does not wake the thread: the consumer is about to drop its previous batch, and :meth:`nudge` (called
         when a slot is freed) wakes it outside ``next()``; a second pending grant (a consumer
         that holds its batches) or a consumer about to wait does."""
         self._granted += n
-        if self._threaded and self._sleeping and self._granted - self._used >= 2:
+        if not self._threaded:
+            # Inline: send it now, not at the next next(): the worker builds while the
+            # consumer steps (a step later, the other worker would often sit idle meanwhile).
+            with self.lock:
+                if not self._halted and not self._stop:
+                    self._guarded(self._dispatch)
+        elif self._sleeping and self._granted - self._used >= 2:
             self._wake()
 
     def nudge(self) -> None:
@@ -183,10 +189,9 @@ class Pump:
             return self._ready.popleft()
 
     def _get_inline(self) -> tuple[int, Any, Any]:
-        """Drive the engine on this thread until the next item is ready."""
+        """Drive the engine on this thread until the next item is ready: send what the grants
+        allow, then one poll (at once when results are waiting) and take what it found."""
         deadline = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
-        ready: list[tuple[int, int]] | None = None
-        generation = -1
         while True:
             if self._ready:  # appended under _cond by whichever driver; popped only here
                 return self._ready.popleft()
@@ -194,7 +199,7 @@ class Pump:
                 if self._stop:
                     raise RuntimeError("the DataLoader's engine was closed")
                 if not self._halted:
-                    self._step_guarded(ready, generation)
+                    self._guarded(self._dispatch)
                 halted = self._halted
                 if not halted:
                     generation, fds = self._engine.watch()
@@ -212,8 +217,10 @@ class Pump:
                 ready = self._inline_poller(generation, fds).poll(wait_ms)
             except InterruptedError:
                 ready = []
-            if not ready:
-                ready = None  # nothing, or a timeout: poll the workers afresh
+            if ready:
+                with self.lock:
+                    if not self._halted:
+                        self._guarded(self._collect, ready, generation)
 
     def _inline_poller(self, generation: int, fds: list[int]) -> select.poll:
         cached = self._inline_poll
@@ -316,13 +323,21 @@ class Pump:
 
     # -- the work, under lock, by either driver -----------------------------------------------
     def _step_guarded(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
+        self._guarded(self._step, ready, generation)
+
+    def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         try:
-            self._step(ready, generation)
+            work(*args)
         except BaseException as exc:  # the consumer raises it; nothing more is sent
             self._halted = True
             self._push((ERROR, exc, None))
 
     def _step(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
+        self._dispatch()
+        self._collect(ready, generation)
+
+    def _dispatch(self) -> None:
+        """Send a task for every grant not yet used, while the sampler has batches."""
         engine = self._engine
         while self._granted > self._used and not self._spent:
             try:
@@ -334,6 +349,12 @@ class Pump:
                 self._spent = True
             else:
                 engine.put(index)
+        self._finish_if_done()
+
+    def _collect(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
+        """Take what the workers sent (``ready``: what a poll found, or ``None`` to poll now)
+        and queue the batches that may now be delivered."""
+        engine = self._engine
         items = engine.collect(self._refill, ready, generation)
         if items:
             counts = self._counts
@@ -343,7 +364,11 @@ class Pump:
                     for kind, value, known in items
                 ]
             )
-        if self._spent and engine.in_flight == 0 and engine.pending == 0:
+        self._finish_if_done()
+
+    def _finish_if_done(self) -> None:
+        engine = self._engine
+        if self._spent and not self._halted and engine.in_flight == 0 and engine.pending == 0:
             self._halted = True
             error, self._source_error = self._source_error, None
             self._push((DONE, None, None) if error is None else (ERROR, error, None))
