@@ -86,6 +86,39 @@ static void fill(unsigned char *dst, Py_ssize_t n, const unsigned char *item, Py
 
 static int valid_type(int t) { return t >= 0 && t < T_COUNT; }
 
+/* Rows i < rows: count[i] elements of `items` items from element first[i] of src, converted,
+ * then padding (first with `left`), and the mask row. Bounds are the caller's to check. */
+static void write_rows(const unsigned char *src, int src_type, const int64_t *first,
+                       const int64_t *count, Py_ssize_t rows, unsigned char *out, int out_type,
+                       Py_ssize_t width, Py_ssize_t items, long long pad_int, double pad_float,
+                       int left, unsigned char *mask, int mask_type) {
+    Py_ssize_t src_item = type_size[src_type] * items, out_size = type_size[out_type];
+    Py_ssize_t out_row = width * items * out_size;
+    Py_ssize_t mask_size = mask != NULL ? type_size[mask_type] : 0;
+    unsigned char pad[8], one[8], zero[8] = {0};
+    encode(out_type, pad_int, pad_float, pad);
+    if (mask != NULL) encode(mask_type, 1, 1.0, one);
+    convert_fn convert = converters[src_type][out_type];
+    int same = src_type == out_type;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        Py_ssize_t n = (Py_ssize_t)count[i], gap = width - n;
+        const unsigned char *from = src + first[i] * src_item;
+        unsigned char *row = out + i * out_row;
+        unsigned char *data = left ? row + gap * items * out_size : row;
+        unsigned char *rest = left ? row : row + n * items * out_size;
+        if (same)
+            memcpy(data, from, (size_t)(n * src_item));
+        else
+            convert(from, data, n * items);
+        fill(rest, gap * items, pad, out_size);
+        if (mask != NULL) {
+            unsigned char *m = mask + i * width * mask_size;
+            fill(left ? m + gap * mask_size : m, n, one, mask_size);
+            fill(left ? m : m + n * mask_size, gap, zero, mask_size);
+        }
+    }
+}
+
 PyDoc_STRVAR(pad_rows_doc,
 "pad_rows(source, source_type, starts, kept, out, out_type, width, items, pad_int, pad_float,\n"
 "         left, mask, mask_type)\n\n"
@@ -140,33 +173,10 @@ static PyObject *pad_rows(PyObject *module, PyObject *args) {
         }
     }
 
-    Py_ssize_t src_item = type_size[src_type] * items, out_size = type_size[out_type];
-    Py_ssize_t out_row = width * items * out_size;
-    Py_ssize_t mask_size = have_mask ? type_size[mask_type] : 0;
-    unsigned char pad[8], one[8], zero[8] = {0};
-    encode(out_type, pad_int, pad_float, pad);
-    if (have_mask) encode(mask_type, 1, 1.0, one);
-    convert_fn convert = converters[src_type][out_type];
-    int same = src_type == out_type;
-
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < rows; i++) {
-        Py_ssize_t n = (Py_ssize_t)count[i], gap = width - n;
-        const unsigned char *from = (const unsigned char *)src.buf + first[i] * src_item;
-        unsigned char *row = (unsigned char *)out.buf + i * out_row;
-        unsigned char *data = left ? row + gap * items * out_size : row;
-        unsigned char *rest = left ? row : row + n * items * out_size;
-        if (same)
-            memcpy(data, from, (size_t)(n * src_item));
-        else
-            convert(from, data, n * items);
-        fill(rest, gap * items, pad, out_size);
-        if (have_mask) {
-            unsigned char *m = (unsigned char *)mask.buf + i * width * mask_size;
-            fill(left ? m + gap * mask_size : m, n, one, mask_size);
-            fill(left ? m : m + n * mask_size, gap, zero, mask_size);
-        }
-    }
+    write_rows((const unsigned char *)src.buf, src_type, first, count, rows,
+               (unsigned char *)out.buf, out_type, width, items, pad_int, pad_float, left,
+               have_mask ? (unsigned char *)mask.buf : NULL, mask_type);
     Py_END_ALLOW_THREADS
 
     PyBuffer_Release(&src);
@@ -185,8 +195,104 @@ fail:
     return NULL;
 }
 
+
+PyDoc_STRVAR(gather_pad_doc,
+"gather_pad(values, values_type, items, offsets, indices, out, base, capacity, out_type,\n"
+"           mask_type, pad_int, pad_float, left, max_length, multiple, align)\n\n"
+"One batch of one ragged field stored as `values` (all samples back to back, `items` items\n"
+"per element) and int64 `offsets` (sample i is values[offsets[i]:offsets[i+1]]), padded\n"
+"into `out` from byte `base`, as PadCollate lays it out: the padded values [rows, width],\n"
+"then the mask [rows, width] (`mask_type`), then int64 lengths [rows], each array starting\n"
+"on an `align`-byte boundary. Rows keep their first `max_length` elements (0: all); the\n"
+"width is the longest kept row rounded up to `multiple`.\n\n"
+"Returns (status, rows, width, real, nbytes, mask_offset, lengths_offset), offsets relative\n"
+"to `base`. status 0: written. 1: nbytes exceeds `capacity`, nothing written. 2: an index\n"
+"is negative or not below len(offsets) - 1, or its offsets leave `values`: nothing written\n"
+"(the caller's slower path says which and why).");
+
+static Py_ssize_t round_up(Py_ssize_t n, Py_ssize_t to) { return (n + to - 1) / to * to; }
+
+static PyObject *gather_pad(PyObject *module, PyObject *args) {
+    Py_buffer values, offsets, indices, out;
+    int values_type, out_type, mask_type, left;
+    Py_ssize_t items, base, capacity, max_length, multiple, align;
+    long long pad_int;
+    double pad_float;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*iny*y*w*nniiLdpnnn", &values, &values_type, &items, &offsets,
+                          &indices, &out, &base, &capacity, &out_type, &mask_type, &pad_int,
+                          &pad_float, &left, &max_length, &multiple, &align))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *kept = NULL;
+    if (!valid_type(values_type) || !valid_type(out_type) || !valid_type(mask_type) ||
+        items < 1 || multiple < 1 || align < 1 || max_length < 0 || base < 0 || capacity < 0 ||
+        offsets.len % 8 || indices.len % 8 || offsets.len < 8) {
+        PyErr_SetString(PyExc_ValueError, "gather_pad: invalid arguments");
+        goto done;
+    }
+    const int64_t *off = (const int64_t *)offsets.buf, *idx = (const int64_t *)indices.buf;
+    Py_ssize_t samples = offsets.len / 8 - 1, rows = indices.len / 8;
+    Py_ssize_t available = values.len / (items * type_size[values_type]);
+    kept = PyMem_Malloc((size_t)(rows > 0 ? rows : 1) * 2 * sizeof(int64_t));
+    if (kept == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *first = kept + rows;
+    Py_ssize_t longest = 0;
+    long long real = 0;
+    int status = 0;
+    for (Py_ssize_t i = 0; i < rows && status == 0; i++) {
+        int64_t k = idx[i];
+        if (k < 0 || k >= samples) {
+            status = 2;
+            break;
+        }
+        int64_t start = off[k], end = off[k + 1];
+        if (start < 0 || end < start || end > available) {
+            status = 2;
+            break;
+        }
+        int64_t n = end - start;
+        if (max_length > 0 && n > max_length) n = max_length;
+        first[i] = start;
+        kept[i] = n;
+        real += n;
+        if (n > longest) longest = (Py_ssize_t)n;
+    }
+    Py_ssize_t width = round_up(longest, multiple);
+    Py_ssize_t cells = rows * width;
+    Py_ssize_t mask_at = round_up(cells * items * type_size[out_type], align);
+    Py_ssize_t lengths_at = round_up(mask_at + cells * type_size[mask_type], align);
+    Py_ssize_t nbytes = round_up(lengths_at + rows * 8, align);
+    if (status == 0 && nbytes > capacity) status = 1;
+    if (status == 0 && base + nbytes > out.len) {
+        PyErr_SetString(PyExc_ValueError, "gather_pad: the slot lies outside out");
+        goto done;
+    }
+    if (status == 0) {
+        unsigned char *slot = (unsigned char *)out.buf + base;
+        Py_BEGIN_ALLOW_THREADS
+        write_rows((const unsigned char *)values.buf, values_type, first, kept, rows, slot,
+                   out_type, width, items, pad_int, pad_float, left, slot + mask_at, mask_type);
+        memcpy(slot + lengths_at, kept, (size_t)(rows * 8));
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_BuildValue("innLnnn", status, rows, width, real, nbytes, mask_at, lengths_at);
+
+done:
+    PyMem_Free(kept);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&indices);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pad_rows", pad_rows, METH_VARARGS, pad_rows_doc},
+    {"gather_pad", gather_pad, METH_VARARGS, gather_pad_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -70,6 +70,18 @@ class _Schema:
     ragged: tuple[_FieldRule, ...]
 
 
+@dataclass(frozen=True)
+class SingleField:
+    """See :meth:`PadCollate._single_field`: the field's rule (its output dtype, pad value and
+    the names of its mask and lengths) and the collate's options."""
+
+    rule: _FieldRule
+    mask_dtype: np.dtype
+    max_length: int | None
+    multiple: int
+    left: bool
+
+
 @dataclass(slots=True)
 class _RaggedOut:
     """How one ragged field of one batch is written."""
@@ -190,6 +202,21 @@ class PadCollate:
             if name not in result:
                 result[name] = torch.from_numpy(array)
         return result
+
+    def _single_field(self, name: str, column: Ragged | Spans) -> SingleField | None:
+        """How batches made of ``column`` alone (the ragged field ``name``) are written, for a
+        builder that pads them itself (the fast path's one-call builds); ``None`` when this
+        collate would not output exactly ``name``, its mask and its lengths. Checks what
+        ``_prepare`` checks, raising the same errors."""
+        if (self._fields is not None and self._fields != [name]) or self._primary not in (None, name):
+            return None
+        columns = {name: column}
+        signature = ((name, type(column), _stored_dtype(column)),)
+        schema = self._schemas.get(signature)
+        if schema is None:
+            schema = self._schemas[signature] = self._schema(columns)
+        (rule,) = schema.ragged
+        return SingleField(rule, self._mask_dtype, self._max_length, self._multiple, self._left)
 
     # -- planning one batch --------------------------------------------------------------------
 

@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from fastload._engine._arena import SlotArena, SlotRef, WorkerSlots, align
+from fastload._collate import PadCollate, _kernels
+from fastload._engine._arena import ALIGN, SlotArena, SlotRef, WorkerSlots, align
 from fastload._engine._transport import is_pickle
 from fastload._engine._worker import OK
 from fastload._types import Spans
@@ -129,6 +130,8 @@ class SlotBuilder:
         self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
         self._slots = WorkerSlots(main_pid)
         self._read: Any = None  # looked up on the first build, in the worker
+        self._express: _Express | None = None  # one-call builds, when the first build allows
+        self._express_tried = False
 
     def _reader(self) -> Any:
         # fastload's readers can leave mapped samples in place for the padding to gather from.
@@ -160,6 +163,11 @@ class SlotBuilder:
         return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
 
     def build(self, task: SlotTask) -> SlotBatch | Oversize:
+        if self._express is not None:
+            built = self._express.build(task, self._slots.segment(task.slot))
+            if built is not None:
+                self.last_read_s = self._express.last_s  # all of it reads from the map
+                return built
         started = time.perf_counter()
         columnar = (self._read or self._reader())(task.indices)
         self.last_read_s = time.perf_counter() - started
@@ -194,8 +202,93 @@ class SlotBuilder:
                 self._slots.forget(task.slot.segment)
         objects = {k: v for k, v in columnar.items() if isinstance(v, list)} or None
         counts = getattr(prepared, "counts", None)
+        if not self._express_tried:  # this batch went the general way: may the next ones not?
+            self._express_tried = True
+            self._express = _Express.attempt(self.dataset, self.collate, columnar)
         described = tuple([(n, off, shape, dt.str) for n, off, shape, dt in arrays])
         return SlotBatch(described, objects, nbytes, counts)
+
+
+class _Express:
+    """One-call builds for the commonest batch: a single ragged field left in place in a
+    memory map (a fastload HDF5 file), padded by ``PadCollate``. The native ``gather_pad``
+    checks the indices, reads each sample's span from the offsets, lays the slot out as
+    ``PadCollate`` would and pads into it, where the general path makes some 60 Python-level
+    calls. Measured in the workers of a 2-worker loader here, batches of 64: 84 against 160 µs
+    of CPU per build, 147 against 250 µs per batch in all. A batch it cannot take (an index out
+    of range, say) goes the general way, which says what is wrong."""
+
+    def __init__(self, name: str, values: np.ndarray, offsets: np.ndarray, single: Any) -> None:
+        native = _kernels._native
+        assert native is not None
+        codes = _kernels.NATIVE_TYPES
+        rule = single.rule
+        self._gather = native.gather_pad
+        self._values, self._offsets = values, offsets
+        self._args = (
+            codes[values.dtype],
+            math.prod(values.shape[1:]),
+            codes[rule.dtype],
+            codes[single.mask_dtype],
+            0 if rule.dtype.kind == "f" else int(rule.pad_value),
+            float(rule.pad_value),
+            single.left,
+            single.max_length or 0,
+            single.multiple,
+            ALIGN,
+        )
+        self._names = (name, rule.mask_name, rule.lengths_name)
+        self._dtypes = (rule.dtype.str, single.mask_dtype.str, np.dtype(np.int64).str)
+        self._elem = tuple(values.shape[1:])
+        self.last_s = 0.0
+
+    @staticmethod
+    def attempt(dataset: Any, collate: Any, columnar: Any) -> _Express | None:
+        """The express builder for batches like ``columnar`` (the first batch, built the
+        general way), or ``None`` where it does not apply."""
+        if _kernels._native is None or getattr(type(collate), "_prepare", None) is not PadCollate._prepare:
+            return None
+        if len(columnar) != 1 or not isinstance(next(iter(columnar.values())), Spans):
+            return None
+        mapped = getattr(dataset, "_mapped_ragged", None)
+        found = mapped() if mapped is not None else None
+        if found is None:
+            return None
+        name, values, offsets = found
+        column = columnar.get(name)
+        if column is None or column.source.dtype != values.dtype:
+            return None
+        if not (values.flags.c_contiguous and offsets.flags.c_contiguous):
+            return None
+        single = collate._single_field(name, column)
+        codes = _kernels.NATIVE_TYPES
+        if single is None or single.rule.mask_name is None:
+            return None
+        if any(d not in codes for d in (values.dtype, single.rule.dtype, single.mask_dtype)):
+            return None
+        return _Express(name, values, offsets, single)
+
+    def build(self, task: SlotTask, segment: np.ndarray) -> SlotBatch | Oversize | None:
+        started = time.perf_counter()
+        slot = task.slot
+        vt, items, ot, mt, pad_int, pad_float, left, max_length, multiple, al = self._args
+        status, rows, width, real, nbytes, mask_at, lengths_at = self._gather(
+            self._values, vt, items, self._offsets, task.raw, segment, slot.offset,
+            slot.capacity, ot, mt, pad_int, pad_float, left, max_length, multiple, al,
+        )  # fmt: skip
+        if status == 2:
+            return None
+        if status == 1:
+            return Oversize(nbytes)
+        self.last_s = time.perf_counter() - started
+        name, mask, lengths = self._names
+        ids_t, mask_t, lengths_t = self._dtypes
+        arrays = (
+            (name, 0, (rows, width, *self._elem), ids_t),
+            (mask, mask_at, (rows, width), mask_t),
+            (lengths, lengths_at, (rows,), lengths_t),
+        )
+        return SlotBatch(arrays, None, nbytes, (rows, real, rows * width))
 
 
 class SlotCodec:

@@ -183,6 +183,20 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return {name: self._read(s, name, local, rows, in_place=True) for name in self._fields}
         return self._read_across_shards(rows, shard)
 
+    def _mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None:
+        """For the fast path's one-call builds: ``(field, values, offsets)`` when the dataset is
+        one file with one field, ragged, whose values and int64 offsets lie in a memory map in
+        native byte order (sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``), else
+        ``None``. Opens the file in this process."""
+        if len(self._files) != 1 or len(self._fields) != 1:
+            return None
+        (name, field), = self._fields.items()
+        if field.kind != "ragged":
+            return None
+        mapped = getattr(self._shard(0), "mapped_ragged", None)
+        found = mapped(name) if mapped is not None else None
+        return None if found is None else (name, *found)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as ``{field: value}``: an array per ragged field, an array or numpy
         scalar per fixed field, a ``str``/``bytes`` per object field."""

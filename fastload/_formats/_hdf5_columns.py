@@ -51,6 +51,15 @@ class OffsetsColumn:
         located = spans(starts, lengths) if spans is not None else None
         return located if located is not None else Ragged(self._values.ranges(starts, lengths), lengths)
 
+    def mapped(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(values, offsets)`` as they lie in the file's memory map, native-endian with int64
+        offsets, or ``None`` when either is read another way."""
+        values = getattr(self._values, "in_place", None)
+        offsets = getattr(self._offsets, "in_place", None)
+        if values is None or offsets is None or offsets.dtype != np.int64:
+            return None
+        return values, offsets
+
     def _spans(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         starts = self._offsets.take(rows)
         lengths = self._offsets.take(rows + 1) - starts

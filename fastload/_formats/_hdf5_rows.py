@@ -65,6 +65,11 @@ class MappedRows:
         """The rows left in the map (``None`` when they need a byte swap first)."""
         return Spans(self._view, starts, lengths) if self._swap_to is None else None
 
+    @property
+    def in_place(self) -> np.ndarray | None:
+        """The mapped view itself, when its bytes need no swap (else ``None``)."""
+        return self._view if self._swap_to is None else None
+
 
 class BlockRows:
     """A chunked (possibly compressed) dataset, read in whole blocks of ``block_rows`` rows (its

@@ -77,6 +77,13 @@ class H5Shard:
         read = getattr(column, "read_in_place", column.read)
         return read(rows)
 
+    def mapped_ragged(self, field: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``field``'s values and int64 offsets as mapped views, when it is stored in the
+        fastload layout and both are memory-mapped (else ``None``)."""
+        column = self._columns[field]
+        mapped = getattr(column, "mapped", None)
+        return mapped() if mapped is not None else None
+
     def release_unused_file(self) -> None:
         """Close the HDF5 file if every field is read through the memory map alone, so that
         the fast path holds no HDF5 state at all (the map stays open)."""

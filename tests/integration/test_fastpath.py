@@ -1,7 +1,9 @@
 """The fast path: workers pad whole batches into shared-memory slots; the consumer gets views.
 
 Every test compares against the generic path (torch's own DataLoader calling
-``__getitems__`` + ``PadCollate``) on the same file and the same batches.
+``__getitems__`` + ``PadCollate``) on the same file and the same batches. The central ones run
+with both of the workers' builders: the general one (a file's every field) and the one-call
+builds (a single token field, ``fields=["tokens"]``).
 """
 
 from __future__ import annotations
@@ -53,14 +55,21 @@ def h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(params=["general", "one-call"])
+def fields(request: pytest.FixtureRequest) -> list[str] | None:
+    """The fields to read: all of them (the general builder), or the token field alone (the
+    one-call builds)."""
+    return None if request.param == "general" else ["tokens"]
+
+
 def _collate() -> fastload.PadCollate:
     return fastload.PadCollate(dtype=torch.int64, mask_dtype=torch.bool)
 
 
-def _reference(path: Path, plan: list[list[int]]) -> list[dict[str, Any]]:
+def _reference(path: Path, plan: list[list[int]], fields: list[str] | None = None) -> list[dict[str, Any]]:
     """The generic path on torch's own DataLoader."""
     return list(
-        torch.utils.data.DataLoader(fastload.HDF5Dataset(path), batch_sampler=plan, collate_fn=_collate())
+        torch.utils.data.DataLoader(fastload.HDF5Dataset(path, fields=fields), batch_sampler=plan, collate_fn=_collate())
     )
 
 
@@ -80,13 +89,13 @@ def _plan(n: int = N, size: int = 16, seed: int = 3) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_fast_path_batches_equal_the_generic_path(h5: Path, workers: int) -> None:
+def test_fast_path_batches_equal_the_generic_path(h5: Path, workers: int, fields: list[str] | None) -> None:
     plan = _plan()
-    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=workers, collate_fn=_collate())
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5, fields=fields), batch_sampler=plan, num_workers=workers, collate_fn=_collate())
     it = iter(loader)
     assert it.fast_path
     got = list(it)
-    for a, b in zip(got, _reference(h5, plan), strict=True):
+    for a, b in zip(got, _reference(h5, plan, fields), strict=True):
         _same(a, b)
 
 
@@ -120,13 +129,13 @@ def test_length_grouped_fast_path_covers_the_epoch_once(h5: Path, options: dict[
     assert len(seen) == len(loader.batch_sampler.lengths)
 
 
-def test_held_batches_never_change(h5: Path) -> None:
+def test_held_batches_never_change(h5: Path, fields: list[str] | None) -> None:
     plan = _plan(size=5)  # 60 batches
-    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate())
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5, fields=fields), batch_sampler=plan, num_workers=2, collate_fn=_collate())
     held = list(loader)  # keeps all 60 alive while the workers keep writing
     assert len(held) == 60
     gc.collect()
-    for a, b in zip(held, _reference(h5, plan), strict=True):
+    for a, b in zip(held, _reference(h5, plan, fields), strict=True):
         _same(a, b)
 
 
@@ -157,12 +166,12 @@ class _Plan:
         return len(self.batches)
 
 
-def test_an_oversize_batch_gets_a_temporary_slot(h5: Path) -> None:
+def test_an_oversize_batch_gets_a_temporary_slot(h5: Path, fields: list[str] | None) -> None:
     plan = [[0, 1], list(range(2, N)), [0], [3, 4]]
-    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=_Plan(plan), num_workers=1, collate_fn=_collate())
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5, fields=fields), batch_sampler=_Plan(plan), num_workers=1, collate_fn=_collate())
     it = iter(loader)
     codec = it._codec
-    for a, b in zip(it, _reference(h5, plan), strict=True):
+    for a, b in zip(it, _reference(h5, plan, fields), strict=True):
         _same(a, b)
     assert codec.oversize_batches == 1
 
@@ -199,16 +208,16 @@ def test_a_read_error_in_a_worker_names_the_batch_and_indices_and_frees_its_slot
     assert len(rest) == len(loader) - 3
 
 
-def test_killing_a_worker_during_fast_path_iteration_loses_nothing(tmp_path: Path) -> None:
+def test_killing_a_worker_during_fast_path_iteration_loses_nothing(tmp_path: Path, fields: list[str] | None) -> None:
     path = tmp_path / "big.h5"
     _write(path, 3000)
     plan = _plan(3000, size=8)
-    loader = fastload.DataLoader(fastload.HDF5Dataset(path), batch_sampler=plan, num_workers=2, collate_fn=_collate())
+    loader = fastload.DataLoader(fastload.HDF5Dataset(path, fields=fields), batch_sampler=plan, num_workers=2, collate_fn=_collate())
     it = iter(loader)
     got = [next(it) for _ in range(5)]
     os.kill(it.worker_pids[0], signal.SIGKILL)
     got.extend(it)
-    ref = _reference(path, plan)
+    ref = _reference(path, plan, fields)
     assert len(got) == len(ref)
     for a, b in zip(got, ref, strict=True):
         _same(a, b)
