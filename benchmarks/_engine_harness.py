@@ -139,7 +139,7 @@ def _in_ram(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def in_ram_limit(path: Path, plan: list[list[int]]) -> Iterator[dict[str, torch.Tensor]]:
     """No loader at all: one process gathering from arrays already in RAM with the fastest kernel
-    we have (fastload's own window gather, which pads and casts in one pass from the samples
+    we have (fastload's own native kernel, which pads and casts in one pass from the samples
     where they lie), writing token ids, mask and lengths. The ceiling for one core.
 
     The arrays are read from the file here, before the caller's clock starts: the limit is the

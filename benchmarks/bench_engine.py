@@ -70,7 +70,7 @@ def test_throughput_against_torch_dataloader(corpus: Any, benchmark: Any, capsys
 
     for _ in range(rounds):  # interleaved rounds: noise hits every loader alike
         ref = run(in_ram_limit(path, plan))
-        record("in-RAM window gather, no loader (the limit)", ref)
+        record("in-RAM gather + pad, fastload kernel, no loader (the limit)", ref)
         per_sample = run(in_ram_per_sample(path, plan))
         assert per_sample["checksum"] == ref["checksum"], "the two in-RAM references disagree"
         record("in-RAM per-sample dicts + PadCollate, no loader", per_sample)
