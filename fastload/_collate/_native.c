@@ -73,7 +73,16 @@ static void encode(int type, long long whole, double real, unsigned char *item) 
     }
 }
 
-/* Fill n items of `size` bytes with `item`; memset when every byte of it is the same. */
+/* Fill n items of `size` bytes with `item`: memset when every byte of it is the same, else a
+ * loop of fixed-size stores the compiler turns into wide ones (a memcpy of variable size per
+ * item would be a call per item). */
+#define FILL_WITH(T)                                                                           \
+    do {                                                                                       \
+        T v;                                                                                   \
+        memcpy(&v, item, sizeof v);                                                            \
+        for (Py_ssize_t k = 0; k < n; k++) memcpy(dst + k * (Py_ssize_t)sizeof v, &v, sizeof v); \
+    } while (0)
+
 static void fill(unsigned char *dst, Py_ssize_t n, const unsigned char *item, Py_ssize_t size) {
     int uniform = 1;
     for (Py_ssize_t b = 1; b < size; b++) uniform &= item[b] == item[0];
@@ -81,7 +90,13 @@ static void fill(unsigned char *dst, Py_ssize_t n, const unsigned char *item, Py
         memset(dst, item[0], (size_t)(n * size));
         return;
     }
-    for (Py_ssize_t k = 0; k < n; k++) memcpy(dst + k * size, item, (size_t)size);
+    switch (size) {
+    case 2: FILL_WITH(uint16_t); break;
+    case 4: FILL_WITH(uint32_t); break;
+    case 8: FILL_WITH(uint64_t); break;
+    default:
+        for (Py_ssize_t k = 0; k < n; k++) memcpy(dst + k * size, item, (size_t)size);
+    }
 }
 
 static int valid_type(int t) { return t >= 0 && t < T_COUNT; }
