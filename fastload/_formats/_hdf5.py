@@ -18,7 +18,13 @@ from fastload._formats._hdf5_layout import (
     scan,
     select,
 )
-from fastload._formats._hdf5_shard import H5Shard, open_h5
+from fastload._formats._hdf5_shard import (
+    H5Shard,
+    MappedShard,
+    ShardPlacement,
+    file_identity,
+    open_h5,
+)
 from fastload._formats._hdf5_validate import validate_shard
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
 from fastload._formats._validate import check_positive_int
@@ -99,8 +105,10 @@ class HDF5Dataset(ShardedDataset):
         if chosen is not None:
             pick_length_field(described, chosen, files[0])  # fail before the long checks
         length_parts: list[npt.NDArray[np.int64]] = []
+        placements: list[ShardPlacement | None] = []
         for shard, (file, found) in enumerate(zip(files, contents, strict=True)):
-            indexed, checked = validate_shard(file, shard, found, shard_specs[shard])
+            indexed, checked, placement = validate_shard(file, shard, found, shard_specs[shard])
+            placements.append(placement)
             if shard == 0 and chosen is None:
                 # The field /lengths describes is the file's primary one; else the first ragged.
                 default = indexed if indexed in described else None
@@ -109,14 +117,26 @@ class HDF5Dataset(ShardedDataset):
                 length_parts.append(checked[chosen])
         super().__init__(files, described, sizes, chosen, cache_bytes)
         self._shard_specs = shard_specs
+        self._placements = placements
         if chosen is not None:
             # Computed while validating: ``lengths`` costs nothing more in this process.
             self._cache_lengths(np.concatenate(length_parts))
 
-    def _open_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard:
-        reader = H5Shard(self._files[shard], shard, self._shard_specs[shard], cache)
+    def _open_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard | MappedShard:
+        path, placement = self._files[shard], self._placements[shard]
+        if placement is not None and _unchanged(path, placement):
+            # Every field lies in the map where this dataset found it: no HDF5 at all.
+            return MappedShard(path, self._shard_specs[shard], placement)
+        reader = H5Shard(path, shard, self._shard_specs[shard], cache)
         reader.release_unused_file()
         return reader
+
+
+def _unchanged(path: str, placement: ShardPlacement) -> bool:
+    try:
+        return file_identity(path) == placement.identity
+    except OSError:
+        return False  # gone: opening it says so
 
 
 def _described(specs: dict[str, H5Field]) -> dict[str, Field]:

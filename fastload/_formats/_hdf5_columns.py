@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -13,6 +13,10 @@ from fastload._formats._hdf5_heap import HeapReader
 from fastload._formats._hdf5_rows import MappedRows, Rows, native
 from fastload._formats._hdf5_vlen import Descriptors, vlen_lengths
 from fastload._types import Column, Ragged
+
+#: A column that is memory-mapped alone, as its kind and the placements of its datasets:
+#: ``("offsets", values, offsets)`` or ``("array", rows)``.
+ColumnPlacement = tuple[Any, ...]
 
 
 class H5Column(Protocol):
@@ -51,6 +55,12 @@ class OffsetsColumn:
         located = spans(starts, lengths) if spans is not None else None
         return located if located is not None else Ragged(self._values.ranges(starts, lengths), lengths)
 
+    def placement(self) -> ColumnPlacement | None:
+        """How to map this column again without HDF5, when both its datasets are mapped."""
+        values = getattr(self._values, "placement", None)
+        offsets = getattr(self._offsets, "placement", None)
+        return None if values is None or offsets is None else ("offsets", values, offsets)
+
     def mapped(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(values, offsets)`` as they lie in the file's memory map, native-endian with int64
         offsets, or ``None`` when either is read another way."""
@@ -79,6 +89,11 @@ class ArrayColumn:
     def __init__(self, rows: Rows) -> None:
         self._rows = rows
         self.uses_hdf5 = not isinstance(rows, MappedRows)
+
+    def placement(self) -> ColumnPlacement | None:
+        """How to map this column again without HDF5, when it is mapped."""
+        rows = getattr(self._rows, "placement", None)
+        return None if rows is None else ("array", rows)
 
     def read(self, rows: npt.NDArray[np.int64]) -> Column:
         return self._rows.take(rows)

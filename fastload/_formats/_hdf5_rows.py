@@ -42,11 +42,16 @@ def native(dtype: np.dtype) -> np.dtype:
     return np.dtype(dtype.str).newbyteorder("=")
 
 
+#: Where a mapped dataset lies in its file: byte offset, dtype string (file byte order), shape.
+Placement = tuple[int, str, tuple[int, ...]]
+
+
 class MappedRows:
     """A contiguous, uncompressed dataset viewed in place through the file's memory map."""
 
-    def __init__(self, view: np.ndarray) -> None:
+    def __init__(self, view: np.ndarray, placement: Placement | None = None) -> None:
         self._view = view
+        self.placement = placement  # enough to map it again without HDF5
         # None when the file's byte order is the machine's: no conversion call on the hot path.
         self._swap_to = None if view.dtype.isnative else native(view.dtype)
 
@@ -159,11 +164,12 @@ def open_rows(
     """The fastest row access ``dset`` allows; ``cache_key`` identifies the dataset among all
     those sharing ``cache``."""
     if dset.size and is_mappable(dset):
-        view = file_map.view(
-            dset.id.get_offset(),
-            np.dtype(dset.dtype.str),
-            dset.shape,
-            what=f"dataset {dset.name!r}",
-        )
-        return MappedRows(view)
+        placement = (int(dset.id.get_offset()), dset.dtype.str, tuple(dset.shape))
+        return map_rows(file_map, placement, what=f"dataset {dset.name!r}")
     return BlockRows(dset, cache, cache_key)
+
+
+def map_rows(file_map: FileMap, placement: Placement, *, what: str) -> MappedRows:
+    """Rows mapped from a :data:`Placement` (found by HDF5 in this or another process)."""
+    offset, dtype, shape = placement
+    return MappedRows(file_map.view(offset, np.dtype(dtype), shape, what=what), placement)

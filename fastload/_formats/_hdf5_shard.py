@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any
 
 import h5py
@@ -11,6 +13,7 @@ import numpy.typing as npt
 from fastload._formats._cache import BlockCache
 from fastload._formats._hdf5_columns import (
     ArrayColumn,
+    ColumnPlacement,
     H5Column,
     OffsetsColumn,
     RaggedH5Column,
@@ -19,7 +22,7 @@ from fastload._formats._hdf5_columns import (
 )
 from fastload._formats._hdf5_heap import HeapReader
 from fastload._formats._hdf5_layout import LENGTHS_INDEX, H5Field
-from fastload._formats._hdf5_rows import open_rows
+from fastload._formats._hdf5_rows import map_rows, open_rows
 from fastload._formats._hdf5_vlen import Descriptors
 from fastload._formats._mmap import FileMap
 from fastload._formats._sniff import describe, sniff
@@ -50,23 +53,28 @@ def open_h5(path: str) -> h5py.File:
         ) from exc
 
 
-class H5Shard:
-    """One HDF5 file opened in the current process, with a reader per field."""
+@dataclass(frozen=True)
+class ShardPlacement:
+    """Where every field of one file lies in its bytes, when all of them are memory-mapped:
+    enough for another process to read the file through a map alone, without opening it in
+    HDF5 (about 5 ms of a worker's start). ``identity`` is the file's device, inode, size and
+    modification time when the placement was found; a file changed or replaced since is opened
+    anew."""
 
-    def __init__(
-        self, path: str, shard: int, fields: dict[str, H5Field], cache: BlockCache[Any]
-    ) -> None:
-        self._path = path
-        self._file = open_h5(path)
-        self._map = FileMap(path)
-        try:
-            self._columns: dict[str, H5Column] = {}
-            self._ragged: dict[str, RaggedH5Column] = {}
-            for name, spec in fields.items():
-                self._columns[name] = self._open_column(spec, shard, cache)
-        except BaseException:
-            self.close()
-            raise
+    identity: tuple[int, int, int, int]
+    columns: dict[str, ColumnPlacement]
+
+
+def file_identity(path: str) -> tuple[int, int, int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+class _ColumnReads:
+    """What a shard does with its columns, however they were opened."""
+
+    _columns: dict[str, H5Column]
+    _ragged: dict[str, RaggedH5Column]
 
     def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
         return self._columns[field].read(rows)
@@ -84,14 +92,69 @@ class H5Shard:
         mapped = getattr(column, "mapped", None)
         return mapped() if mapped is not None else None
 
+    def lengths(self, field: str) -> npt.NDArray[np.int64]:
+        return self._ragged[field].lengths()
+
+
+class MappedShard(_ColumnReads):
+    """A file read through its memory map alone, from a :class:`ShardPlacement` found in
+    another process: no HDF5 call at all."""
+
+    def __init__(self, path: str, fields: dict[str, H5Field], placement: ShardPlacement) -> None:
+        self._path = path
+        self._map = FileMap(path)
+        self._columns = {}
+        self._ragged = {}
+        for name, where in placement.columns.items():
+            what = f"field {name!r}"
+            if where[0] == "offsets":
+                column = OffsetsColumn(map_rows(self._map, where[1], what=what), map_rows(self._map, where[2], what=what))
+                self._ragged[name] = self._columns[name] = column
+            else:
+                self._columns[name] = ArrayColumn(map_rows(self._map, where[1], what=what))
+        if set(self._columns) != set(fields):
+            raise DataFormatError(f"{path}: the placement found earlier does not cover its fields")
+
+    def release_unused_file(self) -> None:
+        """Nothing to release: no HDF5 file is open."""
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class H5Shard(_ColumnReads):
+    """One HDF5 file opened in the current process, with a reader per field."""
+
+    def __init__(
+        self, path: str, shard: int, fields: dict[str, H5Field], cache: BlockCache[Any]
+    ) -> None:
+        self._path = path
+        self._file = open_h5(path)
+        self._map = FileMap(path)
+        try:
+            self._columns = {}
+            self._ragged = {}
+            for name, spec in fields.items():
+                self._columns[name] = self._open_column(spec, shard, cache)
+        except BaseException:
+            self.close()
+            raise
+
+    def placement(self, fields: list[str]) -> ShardPlacement | None:
+        """Where ``fields`` lie, when every one of them is memory-mapped (else ``None``)."""
+        columns = {}
+        for name in fields:
+            where = getattr(self._columns[name], "placement", lambda: None)()
+            if where is None:
+                return None
+            columns[name] = where
+        return ShardPlacement(file_identity(self._path), columns)
+
     def release_unused_file(self) -> None:
         """Close the HDF5 file if every field is read through the memory map alone, so that
         the fast path holds no HDF5 state at all (the map stays open)."""
         if not any(column.uses_hdf5 for column in self._columns.values()):
             self._file.close()
-
-    def lengths(self, field: str) -> npt.NDArray[np.int64]:
-        return self._ragged[field].lengths()
 
     def checked_lengths(self, field: str, spec: H5Field) -> npt.NDArray[np.int64]:
         """Lengths of the ragged ``field`` after validating its offsets (fastload layout)."""

@@ -10,17 +10,18 @@ import numpy.typing as npt
 
 from fastload._formats._cache import BlockCache
 from fastload._formats._hdf5_layout import LENGTHS_INDEX, H5Contents, H5Field
-from fastload._formats._hdf5_shard import H5Shard
+from fastload._formats._hdf5_shard import H5Shard, ShardPlacement
 from fastload._formats._validate import check_lengths_agree
 from fastload.errors import DataFormatError
 
 
 def validate_shard(
     file: str, shard: int, found: H5Contents, selected: dict[str, H5Field]
-) -> tuple[str | None, dict[str, npt.NDArray[np.int64]]]:
+) -> tuple[str | None, dict[str, npt.NDArray[np.int64]], ShardPlacement | None]:
     """Validate the offsets of the ``selected`` ragged fields of ``file`` and its ``/lengths``
-    index. Returns the field ``/lengths`` describes (``None`` without one) and the lengths of
-    every selected ragged field, so that none has to be computed twice."""
+    index. Returns the field ``/lengths`` describes (``None`` without one), the lengths of
+    every selected ragged field, so that none has to be computed twice, and where the selected
+    fields lie when all of them are memory-mapped (see :class:`ShardPlacement`)."""
     candidates = _lengths_index_candidates(file, found)
     specs = {**{n: found.fields[n] for n in candidates}, **selected}
     reader = H5Shard(file, shard, specs, BlockCache(0))
@@ -34,9 +35,10 @@ def validate_shard(
         if candidates:
             stored = reader.lengths_index()
             matched = _check_lengths_index(file, stored, {n: checked[n] for n in candidates})
+        placement = reader.placement(list(selected))
     finally:
         reader.close()
-    return matched, checked
+    return matched, checked, placement
 
 
 def _lengths_index_candidates(file: str, found: H5Contents) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from _format_files import (
 )
 
 from fastload import HDF5Dataset
+from fastload._formats._hdf5_shard import H5Shard, MappedShard
 from fastload._types import BatchReader, Field, Ragged
 from fastload.errors import DataFormatError
 
@@ -318,4 +320,30 @@ def test_memory_mapped_datasets_are_found_past_a_userblock(corpus: Corpus, tmp_p
             for name in ("tokens", "emb"):
                 expected = h5_sample(reference, name, index % len(corpus))
                 assert_same(batch_sample(batch, name, position), expected, f"{name}[{index}]")
-    assert not ds._shard(0)._file.id.valid  # type: ignore[attr-defined]  # all mapped: HDF5 closed
+    assert isinstance(ds._shard(0), MappedShard)  # all mapped: read without opening HDF5 at all
+
+
+def test_a_file_changed_since_construction_is_opened_in_hdf5_again(corpus: Corpus, tmp_path: Path) -> None:
+    path = tmp_path / "c.h5"
+    with h5py.File(path, "w") as f:
+        f["tokens/values"] = np.concatenate(corpus.tokens)
+        f["tokens/offsets"] = np.concatenate([[0], np.cumsum([len(t) for t in corpus.tokens])])
+    ds = HDF5Dataset(path)
+    before = ds.read_batch([0, 3])
+    ds.close()
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # "changed"
+    assert isinstance(ds._shard(0), H5Shard)
+    after = ds.read_batch([0, 3])
+    assert np.array_equal(before["tokens"].values, after["tokens"].values)
+
+
+def test_a_chunked_field_keeps_the_file_open_in_hdf5(corpus: Corpus, tmp_path: Path) -> None:
+    path = tmp_path / "k.h5"
+    with h5py.File(path, "w") as f:
+        f["tokens/values"] = np.concatenate(corpus.tokens)
+        f["tokens/offsets"] = np.concatenate([[0], np.cumsum([len(t) for t in corpus.tokens])])
+        f.create_dataset("emb", data=corpus.emb, chunks=(4, *corpus.emb.shape[1:]), compression="gzip")
+    ds = HDF5Dataset(path)
+    assert isinstance(ds._shard(0), H5Shard)
+    assert HDF5Dataset(path, fields=["tokens"])._placements[0] is not None  # that field alone maps
