@@ -15,6 +15,7 @@ same objects costs several microseconds at each end.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import pickle
@@ -79,10 +80,9 @@ def _index_bytes(indices: Any) -> bytes:
     """Sample indices as raw int64 bytes. A list of ints is packed directly (a third of the
     cost of converting it to an array first, once per batch)."""
     if type(indices) is list:
-        try:
+        # Anything struct refuses (floats, out-of-range values) is left to numpy to judge.
+        with contextlib.suppress(struct.error):
             return _int64s(len(indices)).pack(*indices)
-        except struct.error:
-            pass  # numpy integers, bools, out-of-range values: let numpy say what is wrong
     array = np.asarray(indices)
     if array.dtype.kind not in "iu" and array.size:
         raise TypeError(f"sample indices must be integers; got {array.dtype} from {indices!r:.80}")
@@ -164,7 +164,11 @@ class SlotBuilder:
 
     def build(self, task: SlotTask) -> SlotBatch | Oversize:
         if self._express is not None:
-            built = self._express.build(task, self._slots.segment(task.slot))
+            try:
+                built = self._express.build(task, self._slots.segment(task.slot))
+            finally:
+                if task.slot.temporary:  # mapped for this batch alone
+                    self._slots.forget(task.slot.segment)
             if built is not None:
                 self.last_read_s = self._express.last_s  # all of it reads from the map
                 return built

@@ -110,6 +110,24 @@ def test_an_oversize_batch_asks_for_the_same_bigger_slot(tmp_path: Path) -> None
     assert isinstance(fast[1][0], Oversize) and fast[1][0] == slow[1][0]
 
 
+def test_a_temporary_slot_is_unmapped_in_the_worker_once_built(tmp_path: Path) -> None:
+    ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5"))
+    arena = SlotArena(slot_bytes=1 << 12, slots=2, max_bytes=1 << 26)
+    codec = SlotCodec(arena)
+    builder = SlotBuilder(ds, fastload.PadCollate(), os.getpid())
+    builder.build(codec.task([1]))
+    assert builder._express is not None
+    task = codec.task(list(range(120)))
+    oversize = builder.build(task)
+    assert isinstance(oversize, Oversize)
+    bigger = codec.retry(task, oversize)
+    assert bigger is not None and bigger.slot.temporary
+    assert isinstance(builder.build(bigger), SlotBatch)
+    assert bigger.slot.segment not in builder._slots._maps
+    codec.drop(bigger)
+    arena.close()
+
+
 def test_an_index_out_of_range_goes_the_general_way_and_raises_its_error(tmp_path: Path) -> None:
     ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5"))
     arena = SlotArena(slot_bytes=1 << 16, slots=2, max_bytes=1 << 24)
