@@ -287,6 +287,22 @@ def test_a_fast_consumer_drives_the_engine_itself_and_the_thread_parks(h5: Path)
     assert threaded[0] and not threaded[-1]  # it starts threaded, then follows the consumer
 
 
+def test_dropping_the_iterator_while_the_thread_is_parked_stops_it_and_the_workers(
+    h5: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)  # next() drives from the second batch on
+    monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
+    it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=2, num_workers=2, collate_fn=_collate()))
+    pids = it.worker_pids
+    for _ in range(10):
+        next(it)
+    assert not it._pump.threaded and len(_pump_threads()) == 1  # parked, not gone
+    del it
+    gc.collect()
+    assert _wait_until(lambda: not _pump_threads())
+    assert _wait_until(lambda: not any(_alive(p) for p in pids))
+
+
 def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:
     plan = _plan(16)
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
