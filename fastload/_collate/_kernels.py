@@ -109,8 +109,7 @@ def pad_into(
         ):
             _copy_rows(values, starts, kept, out, pad_value=pad_value, left=left, mask_out=mask_out)
         return
-    starts = np.zeros(rows, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
+    starts = _back_to_back(lengths)
     if out.nbytes // rows >= ROW_COPY_MIN_BYTES:
         _copy_rows(values, starts, kept, out, pad_value=pad_value, left=left, mask_out=mask_out)
         return
@@ -121,6 +120,13 @@ def pad_into(
     out[mask] = values
     if mask_out is not None:
         np.copyto(mask_out, mask)
+
+
+def _back_to_back(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where each row starts when the rows lie back to back."""
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return starts
 
 
 def _native_rows(
@@ -146,8 +152,7 @@ def _native_rows(
     if mask_out is not None and not mask_out.flags.c_contiguous:
         return False
     if starts is None:
-        starts = np.zeros(len(lengths), dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
+        starts = _back_to_back(lengths)
     elif starts.dtype != np.int64 or not starts.flags.c_contiguous:
         starts = np.ascontiguousarray(starts, dtype=np.int64)
     if kept.dtype != np.int64 or not kept.flags.c_contiguous:

@@ -295,7 +295,7 @@ class Pump:
                 if not self._threaded:
                     return True  # the consumer drives now; what was polled is its to read
                 if not self._halted:
-                    self._step_guarded(ready, generation)
+                    self._guarded(self._step, ready, generation)
                 if self._halted:
                     fds: list[int] = []
                 else:
@@ -323,9 +323,6 @@ class Pump:
                 ready = None  # timed out, or a grant slipped in: poll the workers afresh
 
     # -- the work, under lock, by either driver -----------------------------------------------
-    def _step_guarded(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
-        self._guarded(self._step, ready, generation)
-
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         try:
             work(*args)
