@@ -49,6 +49,11 @@ class LogHistogram:
         self._counts[index] += 1
         self._total += 1
 
+    def absorb(self, other: LogHistogram) -> None:
+        """Add the counts of ``other`` (a histogram with the same buckets) to these."""
+        self._counts += other._counts
+        self._total += other._total
+
     def quantile(self, q: float) -> float | None:
         """The nearest-rank ``q``-quantile in seconds (``0 <= q <= 1``), within the bound of the
         class docstring; ``None`` when nothing was recorded."""

@@ -73,6 +73,18 @@ class _Totals:
     first_batch_s: float | None = None
     waits: LogHistogram = field(default_factory=LogHistogram)
 
+    def absorb(self, other: _Totals) -> None:
+        """Add ``other`` (a later scope: an epoch that ended) to these totals."""
+        for name in (
+            "wait_s", "step_s", "batches", "steady_batches", "samples", "stepped_samples",
+            "stepped_batches", "stepped_padded_tokens", "real_tokens", "padded_tokens",
+        ):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.tokens_known = self.tokens_known and other.tokens_known
+        if self.first_batch_s is None:
+            self.first_batch_s = other.first_batch_s
+        self.waits.absorb(other.waits)
+
 
 @dataclass(frozen=True)
 class _Batch:
@@ -94,7 +106,9 @@ class StallMeter:
         self._log: list[tuple[float, int, int | None, int | None] | float] = []
         self._open_wait = False
         self._epoch = 0
-        self._run = _Totals()
+        # Batches are counted into the epoch's totals only; an ended epoch is added to the
+        # earlier epochs' (half the work per batch of keeping both up to date).
+        self._earlier = _Totals()
         self._current = _Totals()
         self._wait_started: float | None = None
         self._step_started: float | None = None
@@ -110,13 +124,13 @@ class StallMeter:
         """The run's steady wait so far (seconds); cheap, for per-batch callers such as
         :class:`~fastload._metrics.AutoTuner`."""
         self._fold()
-        return self._run.wait_s
+        return self._earlier.wait_s + self._current.wait_s
 
     @property
     def step_s(self) -> float:
         """The run's step time so far (seconds); cheap, like :attr:`wait_s`."""
         self._fold()
-        return self._run.step_s
+        return self._earlier.step_s + self._current.step_s
 
     def begin_wait(self) -> None:
         """The consumer enters ``next()``: closes the open step, if any, and starts a wait."""
@@ -152,13 +166,12 @@ class StallMeter:
 
     def _apply_begin(self, now: float) -> None:
         if self._step_started is not None and self._stepping is not None:
-            step = max(0.0, now - self._step_started)
-            for totals in (self._run, self._current):
-                totals.step_s += step
-                totals.stepped_batches += 1
-                totals.stepped_samples += self._stepping.samples
-                if self._stepping.padded_tokens is not None:
-                    totals.stepped_padded_tokens += self._stepping.padded_tokens
+            totals = self._current
+            totals.step_s += max(0.0, now - self._step_started)
+            totals.stepped_batches += 1
+            totals.stepped_samples += self._stepping.samples
+            if self._stepping.padded_tokens is not None:
+                totals.stepped_padded_tokens += self._stepping.padded_tokens
         self._step_started = None
         self._stepping = None
         self._wait_started = now
@@ -168,22 +181,20 @@ class StallMeter:
     ) -> None:
         assert self._wait_started is not None
         wait = max(0.0, now - self._wait_started)
-        first = self._current.batches == 0
-        for totals in (self._run, self._current):
-            totals.batches += 1
-            totals.samples += samples
-            if real_tokens is None or padded_tokens is None:
-                totals.tokens_known = False
-            else:
-                totals.real_tokens += real_tokens
-                totals.padded_tokens += padded_tokens
-            if first:
-                if totals.first_batch_s is None:
-                    totals.first_batch_s = wait
-            else:
-                totals.wait_s += wait
-                totals.steady_batches += 1
-                totals.waits.record(wait)
+        totals = self._current
+        if totals.batches == 0:
+            totals.first_batch_s = wait
+        else:
+            totals.wait_s += wait
+            totals.steady_batches += 1
+            totals.waits.record(wait)
+        totals.batches += 1
+        totals.samples += samples
+        if real_tokens is None or padded_tokens is None:
+            totals.tokens_known = False
+        else:
+            totals.real_tokens += real_tokens
+            totals.padded_tokens += padded_tokens
         self._wait_started = None
         self._step_started = now
         self._stepping = _Batch(samples, padded_tokens)
@@ -195,6 +206,7 @@ class StallMeter:
         self._open_wait = False
         summary = self._stats(self._current, epoch=self._epoch).with_diagnosis()
         self._epoch += 1
+        self._earlier.absorb(self._current)
         self._current = _Totals()
         self._wait_started = None
         self._step_started = None
@@ -214,7 +226,11 @@ class StallMeter:
                 f"{', '.join(sorted(ENGINE_FIELDS))}"
             )
         self._fold()
-        totals = self._run if scope == "run" else self._current
+        totals = self._current
+        if scope == "run":
+            totals = _Totals()
+            totals.absorb(self._earlier)
+            totals.absorb(self._current)
         fields = {"epoch": self._epoch, **engine_fields}
         return self._stats(totals, **fields).with_diagnosis()
 
