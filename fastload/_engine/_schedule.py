@@ -64,16 +64,18 @@ class Dispatcher:
     def pick_worker(self) -> int | None:
         """The worker that gets the next task, advancing the cycle as torch does; ``None`` when no
         worker is active (or, out of order, every active worker holds its share)."""
-        active = sum(book.active for book in self._books)
         for _ in range(self.num_workers):
             wid = self._cursor
             self._cursor = (self._cursor + 1) % self.num_workers
             book = self._books[wid]
             if not book.active:
                 continue
-            if self.in_order or len(book.tasks) < self.max_tasks // active:
+            if self.in_order or len(book.tasks) < self.max_tasks // self._active():
                 return wid
         return None
+
+    def _active(self) -> int:
+        return sum(book.active for book in self._books)
 
     def assign(self, worker_id: int, task: Task) -> None:
         self._books[worker_id].tasks.append(task)
@@ -188,7 +190,8 @@ class ReorderBuffer(Generic[T]):
         if seq < self.next_seq or seq in self._held:
             raise ValueError(f"sequence number {seq} was already delivered or is held")
         self._held[seq] = item
-        self._arrivals.append(seq)
+        if not self.in_order:  # in order, arrivals need no record (it would grow all epoch)
+            self._arrivals.append(seq)
 
     def skip(self, seq: int) -> None:
         self._skipped.add(seq)

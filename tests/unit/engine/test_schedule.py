@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
@@ -111,6 +113,24 @@ def test_reorder_buffer_releases_strictly_in_sequence() -> None:
     assert buf.pop() == (False, None)
     buf.push(0, "a")
     assert [buf.pop() for _ in range(4)] == [(True, "a"), (True, "b"), (True, "c"), (False, None)]
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_reorder_buffer_memory_stays_flat_over_a_long_epoch(in_order: bool) -> None:
+    buf: ReorderBuffer[int] = ReorderBuffer(in_order=in_order)
+    for seq in range(1000):  # warm up whatever the buffer keeps at its size
+        buf.push(seq, seq)
+        buf.pop()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(1000, 60_000):
+            buf.push(seq, seq)
+            assert buf.pop() == (True, seq)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000, f"{grown} bytes kept after 59,000 batches passed through"
 
 
 def test_reorder_buffer_steps_over_skipped_sequence_numbers() -> None:
