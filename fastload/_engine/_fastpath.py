@@ -15,7 +15,6 @@ same objects costs several microseconds at each end.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import pickle
@@ -80,9 +79,10 @@ def _index_bytes(indices: Any) -> bytes:
     """Sample indices as raw int64 bytes. A list of ints is packed directly (a third of the
     cost of converting it to an array first, once per batch)."""
     if type(indices) is list:
-        # Anything struct refuses (floats, out-of-range values) is left to numpy to judge.
-        with contextlib.suppress(struct.error):
+        try:
             return _int64s(len(indices)).pack(*indices)
+        except struct.error:
+            pass  # floats, out-of-range values: numpy says what is wrong below
     array = np.asarray(indices)
     if array.dtype.kind not in "iu" and array.size:
         raise TypeError(f"sample indices must be integers; got {array.dtype} from {indices!r:.80}")

@@ -165,9 +165,10 @@ class WorkerPool:
         fd = self._tasks[wid]
         if fd == _CLOSED:
             return  # dead and not yet respawned: its tasks are re-dispatched on respawn
-        # A worker that just died: wait() reports it and its tasks are re-dispatched.
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        try:
             write_frame(fd, msg if isinstance(msg, bytes) else dumps_task(msg))
+        except (BrokenPipeError, ConnectionResetError):
+            return  # a worker that just died: wait() reports it and its tasks are re-dispatched
 
     def _watch(self) -> select.poll:
         if self._poller is None:

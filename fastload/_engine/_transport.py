@@ -119,9 +119,12 @@ def write_frame(fd: int, payload: bytes) -> None:
     """Write one message in Connection's framing to the blocking or non-blocking pipe ``fd``,
     whole: a short write is continued (a non-blocking pipe that is full raises
     ``BlockingIOError``)."""
-    view = memoryview(frame(payload))
-    while view:
-        view = view[os.write(fd, view) :]
+    data = frame(payload)
+    written = os.write(fd, data)
+    if written < len(data):  # a pipe that was nearly full
+        view = memoryview(data)[written:]
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def take_frames(inbox: bytearray, decode: Callable[[bytes], Any] = pickle.loads) -> list[Any]:
