@@ -15,9 +15,11 @@ Two drivers of one state machine:
   (a VM's caches are someone else's by then): receiving, wrapping and dispatching in ``next()``
   took 200-450 µs after a 2-10 ms sleep, against 10-40 µs for taking a finished batch.
 
-The runner starts threaded (nothing is known of the consumer yet, and the thread prefetches and
-decodes while the first batch is awaited) and follows an exponential average of the consumer's
-step, with hysteresis. A switch costs one wake-up; a parked thread holds no descriptor and polls
+The runner starts inline and follows an exponential average of the consumer's step, with
+hysteresis; the thread is started the first time the consumer steps slowly (a 10 ms step
+switches at the second ``next()``). A consumer that never does runs without a second thread:
+starting one took 3 ms of the first batch's wait here, and its first few batches cost more
+threaded than inline. A switch costs one wake-up; a parked thread holds no descriptor and polls
 nothing.
 
 Protocol. The consumer ``grant()``s one task per batch it takes (torch's ``_try_put_index``),
@@ -112,16 +114,16 @@ class Pump:
         self._stop = False
         self._sleeping = False
         # The consumer's pace and which driver it calls for (see the module docstring).
-        self._step_s = 2 * SLOW_STEP_S
+        self._step_s = 0.0
         self._taken_at: float | None = None
-        self._threaded = True
+        self._threaded = False
         self._park = threading.Condition(threading.Lock())
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
         self._inline_poll: tuple[int, list[int], select.poll] | None = None
         self._thread = threading.Thread(target=self._run, name="fastload-pump", daemon=True)
-        self._thread.start()
+        self._follow_pace()  # inline, unless the thresholds say otherwise (tests set them)
 
     # -- the consumer's side ------------------------------------------------------------------
     def grant(self, n: int = 1) -> None:
@@ -146,10 +148,9 @@ class Pump:
 
     def get(self) -> tuple[int, Any, Any]:
         """The next item in order, waiting for it (up to the loader's ``timeout``, if any)."""
-        now = time.perf_counter()
         if self._taken_at is not None:
-            self._step_s += _STEP_WEIGHT * (now - self._taken_at - self._step_s)
-            self._follow_pace()
+            self._step_s += _STEP_WEIGHT * (time.perf_counter() - self._taken_at - self._step_s)
+        self._follow_pace()
         try:
             return self._get_threaded() if self._threaded else self._get_inline()
         finally:
@@ -168,6 +169,8 @@ class Pump:
             with self._park:
                 self._threaded = True
                 self._park.notify()
+            if self._thread.ident is None and not self._stop:
+                self._thread.start()
 
     def _get_threaded(self) -> tuple[int, Any, Any]:
         with self._cond:
@@ -256,7 +259,7 @@ class Pump:
         with self._park:
             self._park.notify()
         self._wake()
-        if threading.current_thread() is not self._thread:
+        if self._thread.ident is not None and threading.current_thread() is not self._thread:
             self._thread.join(join_s)
         with self._cond:
             self._ready.clear()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import select
 import threading
 import time
 from pathlib import Path
@@ -120,8 +121,8 @@ class _KillsWorkerAt(UserReader):
 
 @pytest.fixture(params=["threaded", "inline"])
 def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with the engine thread driving throughout, or with ``next()`` driving from
-    the second batch on, whatever the consumer's pace."""
+    """Run the test with the engine thread driving throughout, or with ``next()`` driving
+    throughout (no thread is started), whatever the consumer's pace."""
     if request.param == "threaded":
         monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
         monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
@@ -136,10 +137,16 @@ def _plan(size: int = 8) -> list[list[int]]:
     return [order[i : i + size].tolist() for i in range(0, N, size)]
 
 
-def test_the_fast_path_runs_the_engine_thread_and_the_generic_path_does_not(h5: Path) -> None:
+def test_the_fast_path_starts_its_thread_once_the_consumer_steps_slowly_and_the_generic_path_never(
+    h5: Path,
+) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
     assert it.fast_path and it._pump is not None
-    assert len(_pump_threads()) == 1
+    assert not _pump_threads() and not it._pump.threaded  # it starts inline
+    next(it)
+    time.sleep(0.02)  # one slow step: 0.25 x 20 ms is over SLOW_STEP_S
+    next(it)
+    assert it._pump.threaded and len(_pump_threads()) == 1
     list(it)
     assert _wait_until(lambda: not _pump_threads())
     generic = iter(fastload.DataLoader(torch.arange(40), batch_size=8, num_workers=2))
@@ -163,10 +170,18 @@ def test_the_sampler_runs_ahead_by_prefetch_factor_times_workers_and_no_more(h5:
     assert len(held) + len(rest) == len(plan)
 
 
-def test_batches_are_built_and_decoded_before_the_consumer_asks(h5: Path) -> None:
+def test_batches_are_built_before_the_consumer_asks_and_decoded_too_by_the_thread(h5: Path, driver: str) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
     pump = it._pump
-    assert _wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
+    if driver == "threaded":
+        assert _wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
+    else:  # inline: the 4 tasks went out with iter(); both workers' replies wait in their pipes
+        _, fds = pump._engine.watch()
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        assert _wait_until(lambda: len(poller.poll(0)) == 2)
+        assert not pump._ready
     first = next(it)
     assert isinstance(first["tokens"], torch.Tensor)  # a decoded batch, not a descriptor
     assert len(list(it)) == len(it) - 1
@@ -249,7 +264,7 @@ def test_leaving_an_epoch_early_stops_the_thread_and_the_workers(h5: Path, how: 
     assert _wait_until(lambda: not any(_alive(p) for p in pids))
 
 
-def test_persistent_workers_keep_one_thread_across_epochs_and_each_epoch_is_exact(h5: Path, driver: str) -> None:
+def test_persistent_workers_keep_one_runner_across_epochs_and_each_epoch_is_exact(h5: Path, driver: str) -> None:
     loader = fastload.DataLoader(
         fastload.HDF5Dataset(h5), batch_size=8, shuffle=True, num_workers=2, persistent_workers=True,
         collate_fn=_collate(), generator=torch.Generator().manual_seed(0),
@@ -263,7 +278,7 @@ def test_persistent_workers_keep_one_thread_across_epochs_and_each_epoch_is_exac
             continue
         seen = sorted(x for b in loader for x in b["lengths"].tolist())
         assert seen == everything
-        assert len(_pump_threads()) == 1
+        assert len(_pump_threads()) == (1 if driver == "threaded" else 0)  # one, kept: never a second
 
 
 def _batches_seen(it: Any, pace_s: Any) -> tuple[list[list[int]], list[bool]]:
@@ -279,23 +294,28 @@ def _batches_seen(it: Any, pace_s: Any) -> tuple[list[list[int]], list[bool]]:
     return seen, threaded
 
 
-def test_a_fast_consumer_drives_the_engine_itself_and_the_thread_parks(h5: Path) -> None:
+def test_a_fast_consumer_drives_the_engine_itself(h5: Path) -> None:
     plan = _plan(4)
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     seen, threaded = _batches_seen(it, lambda k: 0)
     assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
-    assert threaded[0]  # it starts threaded, then follows the consumer (a hiccup may switch back)
+    assert not threaded[0]  # it starts inline (a scheduling hiccup may switch it for a while)
     assert not all(threaded[20:])
 
 
 def test_dropping_the_iterator_while_the_thread_is_parked_stops_it_and_the_workers(
     h5: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)  # next() drives from the second batch on
-    monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
+    monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)  # the thread drives the first batches
+    monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=2, num_workers=2, collate_fn=_collate()))
     pids = it.worker_pids
-    for _ in range(10):
+    for _ in range(5):
+        next(it)
+    assert it._pump.threaded and len(_pump_threads()) == 1
+    monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)  # then next() does, from the next batch on
+    monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
+    for _ in range(5):
         next(it)
     assert not it._pump.threaded and len(_pump_threads()) == 1  # parked, not gone
     del it
@@ -309,7 +329,7 @@ def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     seen, threaded = _batches_seen(it, lambda k: 0.004)
     assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
-    assert all(threaded)
+    assert not threaded[0] and all(threaded[2:])  # inline until the first steps are timed
 
 
 def test_switching_drivers_back_and_forth_keeps_the_epoch_exact_and_ordered(h5: Path) -> None:
