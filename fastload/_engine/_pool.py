@@ -121,6 +121,7 @@ class WorkerPool:
         self._poller: select.poll | None = None
         self.generation = 0  # bumped whenever the set of watched descriptors changes
         self._watched: dict[int, tuple[int, str]] = {}
+        self._watched_fds: list[int] = []  # the keys of _watched, listed once per poll object
         self._closed = False
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
@@ -179,13 +180,15 @@ class WorkerPool:
                     for fd, kind in ((result_fd, "result"), (proc.sentinel, "death")):
                         self._poller.register(fd, select.POLLIN)
                         self._watched[fd] = (wid, kind)
+            self._watched_fds = list(self._watched)
         return self._poller
 
     def fds(self) -> list[int]:
         """The file descriptors :meth:`wait` watches (result pipes and process sentinels), for a
-        caller that blocks on them itself; the set changes when a worker starts or leaves."""
+        caller that blocks on them itself; the set changes when a worker starts or leaves (a
+        new list then: callers may keep and compare it, and must not change it)."""
         self._watch()
-        return list(self._watched)
+        return self._watched_fds
 
     def wait(
         self,

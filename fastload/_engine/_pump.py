@@ -202,8 +202,8 @@ class Pump:
             with self.lock:
                 if self._stop:
                     raise RuntimeError("the DataLoader's engine was closed")
-                if not self._halted:
-                    self._guarded(self._dispatch)
+                if not self._halted and (self._granted > self._used or self._spent):
+                    self._guarded(self._dispatch)  # grant() dispatched the rest already
                 halted = self._halted
                 if not halted:
                     generation, fds = self._engine.watch()
