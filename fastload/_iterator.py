@@ -27,6 +27,7 @@ from torch.utils.data import IterableDataset
 from fastload._device import DevicePrefetcher, cuda_available, cuda_device, page_lock, pin_tree
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
+from fastload._engine._cores import ConsumerCore
 from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
 from fastload._engine._pump import ERROR, Pump, end_marker
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter, available_cores
@@ -78,9 +79,11 @@ class _SpecFactory:
     reference back to the iterator and garbage collection can close it)."""
 
     template: WorkerSpec
+    cores: ConsumerCore | None = None  # the fast path's CPU placement, as it stands now
 
     def __call__(self, worker_id: int, epoch: int) -> WorkerSpec:
-        return dataclasses.replace(self.template, worker_id=worker_id, epoch=epoch)
+        cpus = None if self.cores is None else self.cores.worker_cpus
+        return dataclasses.replace(self.template, worker_id=worker_id, epoch=epoch, cpus=cpus)
 
 
 def _batch_counts(batch: Any) -> tuple[int, int | None, int | None]:
@@ -168,6 +171,7 @@ class LoaderIterator:
         self._progress = bool(getattr(loader, "progress", False))
         self._engine: Engine | None = None
         self._pump: Pump | None = None  # the fast path's engine thread
+        self._cores: ConsumerCore | None = None  # the fast path's workers' CPUs, while confined
         self._host_counts: Any = None  # counts of the last batch, when the pump measured them
         self._arena: SlotArena | None = None
         self._codec: SlotCodec | None = None
@@ -208,6 +212,7 @@ class LoaderIterator:
             template = dataclasses.replace(
                 template, builder=SlotBuilder(self._dataset, self._fast_collate, os.getpid())
             )
+            self._cores = ConsumerCore()
         self._engine = Engine(
             ctx=ctx,
             num_workers=self._num_workers,
@@ -215,7 +220,7 @@ class LoaderIterator:
             in_order=self._in_order,
             timeout_s=self._timeout,
             restartable=not self._is_iterable,
-            make_spec=_SpecFactory(template),
+            make_spec=_SpecFactory(template, self._cores),
             codec=self._codec,
             max_workers=available_cores() if getattr(loader, "auto_workers", False) else None,
         )
@@ -323,7 +328,16 @@ class LoaderIterator:
         data = self._next_host_batch()
         counts, self._host_counts = self._host_counts, None
         self._counts.append(counts or _batch_counts(data))
+        if self._cores is not None and self._cores.confining:
+            self._judge_placement(self._cores)
         return data
+
+    def _judge_placement(self, cores: ConsumerCore) -> None:
+        """The fast path's workers stay off the consumer's CPU until a window of batches shows
+        the consumer starved; then they get every CPU (``_engine/_cores.py``)."""
+        pump, engine = self._pump, self._engine
+        if pump is not None and engine is not None and cores.observe(time.perf_counter(), pump.waited_s):
+            cores.release(engine.worker_pids)
 
     def _next_host_batch(self) -> Any:
         if self._engine is None:

@@ -117,6 +117,8 @@ class Pump:
         self._step_s = 0.0
         self._taken_at: float | None = None
         self._threaded = False
+        #: Seconds the consumer has spent blocked in get(), waiting for the workers.
+        self.waited_s = 0.0
         self._park = threading.Condition(threading.Lock())
         self._wake_r, self._wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w):
@@ -179,6 +181,7 @@ class Pump:
             if self._granted > self._used:
                 self._wake()
             deadline = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
+            blocked_at = time.perf_counter()
             while not self._ready:
                 if not self._thread.is_alive():
                     raise RuntimeError("the DataLoader's engine thread stopped unexpectedly")
@@ -190,6 +193,7 @@ class Pump:
                             f"DataLoader timed out after {self._timeout_s} seconds"
                         )
                 self._cond.wait(min(wait_s, 1.0))
+            self.waited_s += time.perf_counter() - blocked_at
             return self._ready.popleft()
 
     def _get_inline(self) -> tuple[int, Any, Any]:
@@ -217,10 +221,12 @@ class Pump:
                 if left <= 0:
                     raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout_s} seconds")
                 wait_ms = min(wait_ms, max(1, int(left * 1000)))
+            blocked_at = time.perf_counter()
             try:
                 ready = self._inline_poller(generation, fds).poll(wait_ms)
             except InterruptedError:
                 ready = []
+            self.waited_s += time.perf_counter() - blocked_at
             if ready:
                 with self.lock:
                     if not self._halted:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data._utils import worker as torch_worker
 
+from fastload._engine._cores import confine
 from fastload._engine._fetch import IterableFetcher, make_fetcher
 from fastload._engine._transport import dumps, take_frames, write_frame
 
@@ -76,6 +77,7 @@ class WorkerSpec:
     main_pid: int
     epoch: int
     builder: Any = None  # the fast path's batch builder; None for the generic path
+    cpus: frozenset[int] | None = None  # the CPUs to run on (see _cores.py); None: any
 
 
 def _seed(spec: WorkerSpec) -> int:
@@ -130,6 +132,7 @@ def worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     ppid = os.getppid()
     _yield_to_the_main_process()
+    confine(spec.cpus)  # before worker_init_fn, which may choose its own
     torch.set_num_threads(1)
     seed = _seed(spec)
     torch_worker._worker_info = torch_worker.WorkerInfo(
