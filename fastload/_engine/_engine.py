@@ -126,6 +126,7 @@ class Engine:
         make_spec: Callable[[int, int], WorkerSpec],
         codec: Codec | None = None,
         max_workers: int | None = None,
+        start_workers: int | None = None,  # fork this many now, the rest at start_workers()
     ) -> None:
         self.epoch = 0
         self.respawns = 0
@@ -153,6 +154,7 @@ class Engine:
             lambda wid: make_spec(wid, self.epoch),
             max_workers=max_workers,
             decode=self._codec.result_message,
+            start=start_workers,
         )
 
     @property
@@ -333,6 +335,10 @@ class Engine:
     @property
     def num_workers(self) -> int:
         return self._dispatch.num_workers
+
+    def start_workers(self) -> None:
+        """Fork the workers that ``start_workers`` held back (see :class:`WorkerPool`)."""
+        self._pool.start_rest()
 
     def add_worker(self) -> None:
         """One more worker; it takes tasks from the next dispatch on."""

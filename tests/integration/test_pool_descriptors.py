@@ -92,3 +92,31 @@ def test_a_pool_dropped_without_shutdown_closes_its_pipes_and_its_workers_exit(u
         proc.join(10)
         assert proc.exitcode == 0
     assert unraisable == []
+
+
+def _results(pool: Any, count: int) -> dict[int, Any]:
+    """``{seq: (worker id, payload)}`` for the next ``count`` results."""
+    got: dict[int, Any] = {}
+    for _ in range(200):
+        for wid, (_, seq, _, payload, _, _) in pool.wait(0.05):
+            got[seq] = (wid, payload.tolist())
+        if len(got) == count:
+            return got
+    raise AssertionError(f"only {got} of {count} results arrived")
+
+
+def test_a_pool_can_fork_its_first_worker_alone_and_the_rest_once_it_has_work() -> None:
+    pool: Any = WorkerPool(multiprocessing.get_context("fork"), 3, _spec, start=1)
+    try:
+        assert len(pool.pids) == 1
+        pool.send(0, (0, 0, [1, 2]))
+        assert _results(pool, 1) == {0: (0, [1, 4])}  # answered before the others exist
+        pool.start_rest()
+        assert len(set(pool.pids)) == 3
+        for wid in range(3):
+            pool.send(wid, (0, 1 + wid, [wid + 3]))
+        assert _results(pool, 3) == {1: (0, [9]), 2: (1, [16]), 3: (2, [25])}
+        pool.start_rest()  # nothing left to start
+        assert len(pool.pids) == 3
+    finally:
+        pool.shutdown()
