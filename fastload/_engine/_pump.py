@@ -15,12 +15,12 @@ Two drivers of one state machine:
   (a VM's caches are someone else's by then): receiving, wrapping and dispatching in ``next()``
   took 200-450 µs after a 2-10 ms sleep, against 10-40 µs for taking a finished batch.
 
-The runner starts inline and follows an exponential average of the consumer's step, with
-hysteresis; the thread is started the first time the consumer steps slowly (a 10 ms step
-switches at the second ``next()``). A consumer that never does runs without a second thread:
-starting one took 3 ms of the first batch's wait here, and its first few batches cost more
-threaded than inline. A switch costs one wake-up; a parked thread holds no descriptor and polls
-nothing.
+The first batch is taken inline (starting the thread at ``iter()`` took 3 ms of the first
+batch's wait here, the workers being forked meanwhile); the thread starts as it is handed out
+and drives during the consumer's first step. From then on the runner follows the consumer's
+step (the first one measured, then an exponential average), with hysteresis: a fast consumer
+is back inline at its second ``next()``. A switch costs one wake-up; a parked thread holds no
+descriptor and polls nothing.
 
 Protocol. The consumer ``grant()``s one task per batch it takes (torch's ``_try_put_index``),
 so at most ``prefetch_factor * num_workers`` batches are dispatched and not yet taken, as in
@@ -115,6 +115,7 @@ class Pump:
         self._sleeping = False
         # The consumer's pace and which driver it calls for (see the module docstring).
         self._step_s = 0.0
+        self._paced = False  # a step has been timed (the first sets the average outright)
         self._taken_at: float | None = None
         self._threaded = False
         #: Seconds the consumer has spent blocked in get(), waiting for the workers.
@@ -151,19 +152,36 @@ class Pump:
     def get(self) -> tuple[int, Any, Any]:
         """The next item in order, waiting for it (up to the loader's ``timeout``, if any)."""
         if self._taken_at is not None:
-            self._step_s += _STEP_WEIGHT * (time.perf_counter() - self._taken_at - self._step_s)
-        self._follow_pace()
+            step = time.perf_counter() - self._taken_at
+            self._step_s = self._step_s + _STEP_WEIGHT * (step - self._step_s) if self._paced else step
+            self._paced = True
+        handing_over = self._follow_pace()
         try:
-            return self._get_threaded() if self._threaded else self._get_inline()
+            # The next() that hands over to the thread is served here: the batch is wanted now,
+            # and the thread, only just woken, would do the same work later.
+            return self._get_threaded() if self._threaded and not handing_over else self._get_inline()
         finally:
+            if self._thread.ident is None and not self._stop:
+                self._start_with_the_first_step()
             self._taken_at = time.perf_counter()
+
+    def _start_with_the_first_step(self) -> None:
+        """The first batch is out: the thread starts and drives while the consumer takes its
+        first step, so a slow consumer's second batch is waiting for it, decoded (the thread
+        started only once the consumer was known to be slow ran a whole collect before that
+        next() could go on: 1.1-1.3 ms after a 50 ms step). The next ``get()`` hands back to
+        the consumer if it stepped fast."""
+        with self._park:
+            self._threaded = True
+        self._thread.start()
 
     @property
     def threaded(self) -> bool:
         """Whether the thread drives the engine now (else ``next()`` does)."""
         return self._threaded
 
-    def _follow_pace(self) -> None:
+    def _follow_pace(self) -> bool:
+        """Switch drivers as the consumer's pace says; ``True`` when the thread takes over."""
         if self._threaded and self._step_s < FAST_STEP_S:
             self._threaded = False
             self._wake()  # it parks at once instead of at its next result
@@ -173,6 +191,8 @@ class Pump:
                 self._park.notify()
             if self._thread.ident is None and not self._stop:
                 self._thread.start()
+            return True
+        return False
 
     def _get_threaded(self) -> tuple[int, Any, Any]:
         with self._cond:

@@ -122,7 +122,7 @@ class _KillsWorkerAt(UserReader):
 @pytest.fixture(params=["threaded", "inline"])
 def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with the engine thread driving throughout, or with ``next()`` driving
-    throughout (no thread is started), whatever the consumer's pace."""
+    from the second batch on (the thread drives during the first step), whatever the pace."""
     if request.param == "threaded":
         monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
         monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
@@ -137,18 +137,15 @@ def _plan(size: int = 8) -> list[list[int]]:
     return [order[i : i + size].tolist() for i in range(0, N, size)]
 
 
-def test_the_fast_path_starts_its_thread_once_the_consumer_steps_slowly_and_the_generic_path_never(
-    h5: Path,
-) -> None:
+def test_the_fast_path_starts_its_thread_with_the_first_batch_and_the_generic_path_never(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
     assert it.fast_path and it._pump is not None
-    assert not _pump_threads() and not it._pump.threaded  # it starts inline
+    assert not _pump_threads() and not it._pump.threaded  # the first batch is taken inline
     next(it)
-    time.sleep(0.02)  # one slow step: 0.25 x 20 ms is over SLOW_STEP_S
-    next(it)
-    assert it._pump.threaded and len(_pump_threads()) == 1
-    list(it)
-    assert _wait_until(lambda: not _pump_threads())
+    assert it._pump.threaded and len(_pump_threads()) == 1  # it drives during the first step
+    _, threaded = _batches_seen(it, lambda k: 0)  # fast steps: next() takes over, the thread parks
+    assert not all(threaded)
+    assert _wait_until(lambda: not _pump_threads())  # and stops with the epoch
     generic = iter(fastload.DataLoader(torch.arange(40), batch_size=8, num_workers=2))
     assert generic._pump is None and not _pump_threads()
     list(generic)
@@ -278,7 +275,7 @@ def test_persistent_workers_keep_one_runner_across_epochs_and_each_epoch_is_exac
             continue
         seen = sorted(x for b in loader for x in b["lengths"].tolist())
         assert seen == everything
-        assert len(_pump_threads()) == (1 if driver == "threaded" else 0)  # one, kept: never a second
+        assert len(_pump_threads()) == 1  # one, kept: never a second
 
 
 def _batches_seen(it: Any, pace_s: Any) -> tuple[list[list[int]], list[bool]]:
@@ -299,8 +296,8 @@ def test_a_fast_consumer_drives_the_engine_itself(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     seen, threaded = _batches_seen(it, lambda k: 0)
     assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
-    assert not threaded[0]  # it starts inline (a scheduling hiccup may switch it for a while)
-    assert not all(threaded[20:])
+    assert threaded[0]  # the thread drives during the first step, then the consumer takes over
+    assert not all(threaded[20:])  # (a scheduling hiccup may switch it back for a while)
 
 
 def test_dropping_the_iterator_while_the_thread_is_parked_stops_it_and_the_workers(
@@ -329,7 +326,7 @@ def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     seen, threaded = _batches_seen(it, lambda k: 0.004)
     assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
-    assert not threaded[0] and all(threaded[2:])  # inline until the first steps are timed
+    assert all(threaded)
 
 
 def test_switching_drivers_back_and_forth_keeps_the_epoch_exact_and_ordered(h5: Path) -> None:
