@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import pytest
 import torch
+from _token_files import write_token_file
 from _user_readers import UserReader
 
 import fastload
@@ -34,17 +34,7 @@ N = 240
 
 @pytest.fixture(scope="module")
 def h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("pump") / "data.h5"
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 90, N).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    with h5py.File(path, "w") as f:
-        f.attrs["fastload_format"] = 1
-        f.attrs["num_samples"] = N
-        f.create_dataset("tokens/values", data=rng.integers(1, 30_000, int(offsets[-1])).astype(np.uint16))
-        f.create_dataset("tokens/offsets", data=offsets)
-        f.create_dataset("lengths", data=lengths)
-    return path
+    return write_token_file(tmp_path_factory.mktemp("pump") / "data.h5", N, 90)
 
 
 def _collate() -> fastload.PadCollate:
