@@ -81,8 +81,12 @@ def _index_bytes(indices: Any) -> bytes:
     if type(indices) is list:
         try:
             return _int64s(len(indices)).pack(*indices)
-        except struct.error:
-            pass  # floats, out-of-range values: numpy says what is wrong below
+        except struct.error:  # floats, out-of-range values: numpy says what is wrong
+            return _array_index_bytes(indices)
+    return _array_index_bytes(indices)
+
+
+def _array_index_bytes(indices: Any) -> bytes:
     array = np.asarray(indices)
     if array.dtype.kind not in "iu" and array.size:
         raise TypeError(f"sample indices must be integers; got {array.dtype} from {indices!r:.80}")
