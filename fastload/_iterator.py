@@ -334,16 +334,18 @@ class LoaderIterator:
         data = self._next_host_batch()
         counts, self._host_counts = self._host_counts, None
         self._counts.append(counts or _batch_counts(data))
-        if self._cores is not None and self._cores.confining:
-            self._judge_placement(self._cores)
-        return data
-
-    def _judge_placement(self, cores: ConsumerCore) -> None:
-        """The fast path's workers stay off the consumer's CPU until a window of batches shows
-        the consumer starved; then they get every CPU (``_engine/_cores.py``)."""
-        pump, engine = self._pump, self._engine
-        if pump is not None and engine is not None and cores.observe(time.perf_counter(), pump.waited_s):
+        # The fast path's workers stay off the consumer's CPU until a window of batches shows
+        # the consumer starved; then they get every CPU (``_engine/_cores.py``).
+        cores, pump, engine = self._cores, self._pump, self._engine
+        if (
+            cores is not None
+            and cores.worker_cpus is not None
+            and pump is not None
+            and engine is not None
+            and cores.observe(time.perf_counter(), pump.waited_s)
+        ):
             cores.release(engine.worker_pids)
+        return data
 
     def _next_host_batch(self) -> Any:
         if self._engine is None:

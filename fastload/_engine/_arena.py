@@ -141,8 +141,9 @@ class SlotArena:
         #: is freed by the garbage collector: the engine thread may dispatch into it.
         self.on_release: Callable[[], None] | None = None
         self._segments: dict[int, _Segment] = {}
-        # (segment, offset) of each exported slot -> the weak reference whose callback frees it.
-        self._exports: dict[tuple[int, int], weakref.ref[np.ndarray]] = {}
+        # id() of each exported slot's weak reference -> (that reference, the slot); the
+        # reference's callback frees the slot.
+        self._exports: dict[int, tuple[weakref.ref[np.ndarray], SlotRef]] = {}
         self._free: deque[SlotRef] = deque()
         self._temporary_ids: set[int] = set()
         self._next_id = 0
@@ -220,19 +221,18 @@ class SlotArena:
         # under it), so it lives exactly as long as the batch's tensors. A weak reference with
         # a callback costs a fifth of a weakref.finalize, once per batch.
         arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=ref.offset)
+        watch = weakref.ref(arr, self._on_collected)
         with self._lock:
             self.exported += 1
-            self._exports[(ref.segment, ref.offset)] = weakref.ref(
-                arr, lambda _: self._on_collected(ref)
-            )
+            self._exports[id(watch)] = (watch, ref)
         return arr
 
-    def _on_collected(self, ref: SlotRef) -> None:
+    def _on_collected(self, watch: weakref.ref[np.ndarray]) -> None:
         with self._lock:
             self.exported -= 1
+            _, ref = self._exports.pop(id(watch))
             if self._closed:
                 return
-            del self._exports[(ref.segment, ref.offset)]
             self._release_locked(ref)
         if self.on_release is not None:
             self.on_release()

@@ -275,7 +275,8 @@ class Engine:
             return
         task = self._dispatch.complete(seq)
         self._idle_deaths[wid] = 0
-        self._leave_if_drained(wid)
+        if self._dispatch.retirements:
+            self._leave_if_drained(wid)
         if kind == EXHAUSTED:
             self._reorder.skip(seq)
             for dropped in self._dispatch.deactivate(wid):

@@ -228,7 +228,8 @@ class WorkerPool:
                 continue  # polled before a worker left or was replaced
             wid, kind = watched
             if kind == "result":
-                events.extend((wid, m) for m in self._drain(wid))
+                for message in self._drain(wid):
+                    events.append((wid, message))
             elif wid not in dead:
                 dead.append(wid)
         for wid in dead:

@@ -53,6 +53,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from fastload._engine._cores import allowed_cpus, restore_cpus, start_here
 from fastload._engine._engine import DONE, Engine
 from fastload._engine._worker import FAILED, OK
 from fastload.errors import LoaderTimeoutError
@@ -126,6 +127,8 @@ class Pump:
             os.set_blocking(fd, False)
         self._inline_poll: tuple[int, list[int], select.poll] | None = None
         self._thread = threading.Thread(target=self._run, name="fastload-pump", daemon=True)
+        self._started = False
+        self._cpus = allowed_cpus()  # the thread starts on the consumer's CPU, then gets these
         self._follow_pace()  # inline, unless the thresholds say otherwise (tests set them)
 
     # -- the consumer's side ------------------------------------------------------------------
@@ -140,7 +143,10 @@ class Pump:
             # consumer steps (a step later, the other worker would often sit idle meanwhile).
             with self.lock:
                 if not self._halted and not self._stop:
-                    self._guarded(self._dispatch)
+                    try:
+                        self._dispatch()
+                    except BaseException as exc:  # as _guarded: the consumer raises it
+                        self._halt(exc)
         elif self._sleeping and self._granted - self._used >= 2:
             self._wake()
 
@@ -155,13 +161,17 @@ class Pump:
             step = time.perf_counter() - self._taken_at
             self._step_s = self._step_s + _STEP_WEIGHT * (step - self._step_s) if self._paced else step
             self._paced = True
-        handing_over = self._follow_pace()
+        threaded = self._threaded
+        handing_over = False
+        if (self._step_s < FAST_STEP_S) if threaded else (self._step_s > SLOW_STEP_S):
+            handing_over = self._follow_pace()
+            threaded = self._threaded
         try:
             # The next() that hands over to the thread is served here: the batch is wanted now,
             # and the thread, only just woken, would do the same work later.
-            return self._get_threaded() if self._threaded and not handing_over else self._get_inline()
+            return self._get_threaded() if threaded and not handing_over else self._get_inline()
         finally:
-            if self._thread.ident is None and not self._stop:
+            if not self._started and not self._stop:
                 self._start_with_the_first_step()
             self._taken_at = time.perf_counter()
 
@@ -173,7 +183,8 @@ class Pump:
         the consumer if it stepped fast."""
         with self._park:
             self._threaded = True
-        self._thread.start()
+        self._started = True
+        start_here(self._thread)
 
     @property
     def threaded(self) -> bool:
@@ -189,8 +200,9 @@ class Pump:
             with self._park:
                 self._threaded = True
                 self._park.notify()
-            if self._thread.ident is None and not self._stop:
-                self._thread.start()
+            if not self._started and not self._stop:
+                self._started = True
+                start_here(self._thread)
             return True
         return False
 
@@ -304,6 +316,7 @@ class Pump:
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        restore_cpus(self._cpus)
         while True:
             with self._park:
                 while not self._threaded and not self._stop:
@@ -355,9 +368,13 @@ class Pump:
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         try:
             work(*args)
-        except BaseException as exc:  # the consumer raises it; nothing more is sent
-            self._halted = True
-            self._push((ERROR, exc, None))
+        except BaseException as exc:
+            self._halt(exc)
+
+    def _halt(self, exc: BaseException) -> None:
+        """The work raised: the consumer raises it; nothing more is sent."""
+        self._halted = True
+        self._push((ERROR, exc, None))
 
     def _step(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
         self._dispatch()
@@ -376,7 +393,8 @@ class Pump:
                 self._spent = True
             else:
                 engine.put(index)
-        self._finish_if_done()
+        if self._spent:
+            self._finish_if_done()
 
     def _collect(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
         """Take what the workers sent (``ready``: what a poll found, or ``None`` to poll now)
@@ -391,7 +409,8 @@ class Pump:
                     for kind, value, known in items
                 ]
             )
-        self._finish_if_done()
+        if self._spent:
+            self._finish_if_done()
 
     def _finish_if_done(self) -> None:
         engine = self._engine

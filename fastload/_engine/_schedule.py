@@ -58,6 +58,7 @@ class Dispatcher:
         self.max_deaths = max_deaths
         self._books = [_WorkerBook() for _ in range(num_workers)]
         self._cursor = 0  # the round-robin cycle's position, as torch's itertools.cycle
+        self.retirements = 0  # workers retiring now (each arrival checks only while one is)
         self._holder: dict[int, int] = {}  # seq -> worker id
 
     # -- dispatch -------------------------------------------------------------------------------
@@ -146,6 +147,8 @@ class Dispatcher:
         """The highest worker gets no more tasks; it leaves (:meth:`remove_last`) once it holds
         none. Returns its id."""
         book = self._books[-1]
+        if not book.retiring:
+            self.retirements += 1
         book.active, book.retiring = False, True
         return self.num_workers - 1
 
@@ -157,6 +160,7 @@ class Dispatcher:
         if not book.retiring or book.tasks:
             raise RuntimeError("only a retiring worker that holds no task can be removed")
         self._books.pop()
+        self.retirements -= 1
         self.num_workers -= 1
         self._cursor %= self.num_workers
 

@@ -119,7 +119,8 @@ def write_frame(fd: int, payload: bytes) -> None:
     """Write one message in Connection's framing to the blocking or non-blocking pipe ``fd``,
     whole: a short write is continued (a non-blocking pipe that is full raises
     ``BlockingIOError``)."""
-    data = frame(payload)
+    size = len(payload)
+    data = _HEADER.pack(size) + payload if size <= 0x7FFFFFFF else frame(payload)
     written = os.write(fd, data)
     if written < len(data):  # a pipe that was nearly full
         view = memoryview(data)[written:]

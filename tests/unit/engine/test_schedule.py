@@ -179,12 +179,16 @@ def test_an_added_worker_joins_the_cycle() -> None:
 def test_a_retiring_worker_gets_no_task_and_leaves_once_drained() -> None:
     d = _dispatcher(2)
     d.assign(1, Task(0, None))
+    assert d.retirements == 0  # the engine looks for a leaving worker only while this is not
     assert d.retire_last() == 1
+    assert d.retire_last() == 1  # asked again before it left: still one retirement
+    assert d.retirements == 1
     assert [d.pick_worker() for _ in range(3)] == [0, 0, 0]
     with pytest.raises(RuntimeError, match="holds no task"):
         d.remove_last()
     d.complete(0)
     d.remove_last()
+    assert d.retirements == 0
     assert d.num_workers == 1
     assert d.reactivate_all() == []
     assert d.pick_worker() == 0
