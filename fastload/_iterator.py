@@ -370,6 +370,8 @@ class LoaderIterator:
             raise StopIteration
         if self._skip_refills:
             self._skip_refills -= 1
+        elif self._pump is not None:
+            self._pump.grant()  # what _try_put does on the fast path, one call less per batch
         else:
             self._try_put()
         if self._tuner is not None:

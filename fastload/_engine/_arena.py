@@ -233,7 +233,10 @@ class SlotArena:
             _, ref = self._exports.pop(id(watch))
             if self._closed:
                 return
-            self._release_locked(ref)
+            if ref.temporary:
+                self._release_locked(ref)
+            else:
+                self._free.append(ref)  # as _release_locked does: this runs once per batch
         if self.on_release is not None:
             self.on_release()
 

@@ -31,6 +31,9 @@ class Codec(Protocol):
     def decode(self, index: Any, payload: Any) -> Any:
         """The batch handed to the consumer for a task's payload."""
 
+    def deliver(self, index: Any, payload: Any) -> tuple[Any, tuple[int, int | None, int | None] | None]:
+        """``(decode(index, payload), counts(payload))`` in one call (once per batch)."""
+
     def retry(self, index: Any, payload: Any) -> Any:
         """A new index to build the task again with (an oversize batch gets a bigger slot), or
         ``None`` to deliver ``payload``."""
@@ -54,6 +57,9 @@ class GenericCodec:
 
     def decode(self, index: Any, payload: Any) -> Any:
         return payload
+
+    def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
+        return payload, None
 
     def retry(self, index: Any, payload: Any) -> Any:
         return None
@@ -189,8 +195,10 @@ class Engine:
         wid = self._dispatch.pick_worker()
         if wid is None:
             return False
-        self._send(wid, Task(self._next_seq, index))
+        task = Task(self._next_seq, index)
         self._next_seq += 1
+        self._dispatch.assign(wid, task)  # as _send, without the call: once per batch
+        self._pool.send(wid, self._codec.task_message(self.epoch, task.seq, index))
         return True
 
     def _send(self, wid: int, task: Task) -> None:
@@ -212,7 +220,7 @@ class Engine:
                 kind, task, payload = item
                 if kind == FAILED:
                     return FAILED, rebuild_exception(payload, task.seq), None
-                return OK, codec.decode(task.index, payload), codec.counts(payload)
+                return OK, *codec.deliver(task.index, payload)
             if self._dispatch.in_flight == 0:
                 return DONE, None, None
             wait_s = _WAIT_S
@@ -254,7 +262,7 @@ class Engine:
             if kind == FAILED:
                 out.append((FAILED, rebuild_exception(payload, task.seq), None))
             else:
-                out.append((OK, codec.decode(task.index, payload), codec.counts(payload)))
+                out.append((OK, *codec.deliver(task.index, payload)))
 
     def watch(self) -> tuple[int, list[int]]:
         """What to block on until :meth:`collect` has something to do, and the generation of

@@ -328,16 +328,20 @@ class SlotCodec:
         return epoch, seq, OK, batch, busy_s, None if math.isnan(read_s) else read_s
 
     def decode(self, index: SlotTask, payload: SlotBatch) -> dict[str, Any]:
+        return self.deliver(index, payload)[0]
+
+    def deliver(self, index: SlotTask, payload: SlotBatch) -> tuple[dict[str, Any], Any]:
+        """The batch (tensors viewing the slot) and the worker's counts of it."""
         # One array per output, straight on the exported slot array (their base), each wrapped
-        # once: several times cheaper than slicing and re-viewing, in numpy or torch.
+        # once: several times cheaper than slicing and re-viewing, in numpy or torch. A loop,
+        # not a comprehension: that would be one more function call per batch.
         base = self.arena.export(index.slot, payload.nbytes)
-        batch: dict[str, Any] = {
-            name: torch.from_numpy(np.ndarray(shape, _np_dtype(dt), buffer=base, offset=off))
-            for name, off, shape, dt in payload.arrays
-        }
+        batch: dict[str, Any] = {}
+        for name, off, shape, dt in payload.arrays:
+            batch[name] = torch.from_numpy(np.ndarray(shape, _np_dtype(dt), buffer=base, offset=off))
         if payload.objects:
             batch.update(payload.objects)
-        return batch
+        return batch, payload.counts
 
     def counts(self, payload: Any) -> tuple[int, int | None, int | None] | None:
         """The rows, real and padded tokens the worker counted, when it did."""
