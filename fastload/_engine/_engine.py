@@ -32,7 +32,8 @@ class Codec(Protocol):
         """The batch handed to the consumer for a task's payload."""
 
     def deliver(self, index: Any, payload: Any) -> tuple[Any, tuple[int, int | None, int | None] | None]:
-        """``(decode(index, payload), counts(payload))`` in one call (once per batch)."""
+        """``decode(index, payload)`` and the batch's rows, real and padded tokens when the
+        payload says (else ``None``), in one call: this runs once per batch."""
 
     def retry(self, index: Any, payload: Any) -> Any:
         """A new index to build the task again with (an oversize batch gets a bigger slot), or
@@ -41,9 +42,6 @@ class Codec(Protocol):
     def drop(self, index: Any) -> None:
         """The task will never be delivered (failed, stale or closed): free what it holds. Only
         called once no worker can still write for it."""
-
-    def counts(self, payload: Any) -> tuple[int, int | None, int | None] | None:
-        """Rows, real and padded tokens of the batch, when the payload says (else ``None``)."""
 
     def task_message(self, epoch: int, seq: int, index: Any) -> Any:
         """What is sent to the worker for a task: a picklable message, or bytes."""
@@ -65,9 +63,6 @@ class GenericCodec:
         return None
 
     def drop(self, index: Any) -> None:
-        return None
-
-    def counts(self, payload: Any) -> None:
         return None
 
     def task_message(self, epoch: int, seq: int, index: Any) -> Any:
@@ -244,7 +239,7 @@ class Engine:
     ) -> list[tuple[int, Any, Any]]:
         """Without blocking: handle what the workers have sent, then return every batch that may
         now be delivered, in order, as ``(OK, batch, counts)`` or ``(FAILED, exception, None)``
-        (see :meth:`get`; ``counts`` is what :meth:`Codec.counts` says of the payload). For a
+        (see :meth:`get`; ``counts`` is what :meth:`Codec.deliver` says of the payload). For a
         caller that polls :meth:`watch` itself (``_pump.Pump``) and passes what it found."""
         for wid, msg in self._pool.wait(0, ready, generation):
             if isinstance(msg, WorkerDied):

@@ -331,7 +331,8 @@ class SlotCodec:
         return self.deliver(index, payload)[0]
 
     def deliver(self, index: SlotTask, payload: SlotBatch) -> tuple[dict[str, Any], Any]:
-        """The batch (tensors viewing the slot) and the worker's counts of it."""
+        """The batch (tensors viewing the slot) and the rows, real and padded tokens the worker
+        counted (``None`` when the collate does not say)."""
         # One array per output, straight on the exported slot array (their base), each wrapped
         # once: several times cheaper than slicing and re-viewing, in numpy or torch. A loop,
         # not a comprehension: that would be one more function call per batch.
@@ -342,10 +343,6 @@ class SlotCodec:
         if payload.objects:
             batch.update(payload.objects)
         return batch, payload.counts
-
-    def counts(self, payload: Any) -> tuple[int, int | None, int | None] | None:
-        """The rows, real and padded tokens the worker counted, when it did."""
-        return payload.counts if isinstance(payload, SlotBatch) else None
 
     def retry(self, index: SlotTask, payload: Any) -> SlotTask | None:
         if not isinstance(payload, Oversize):

@@ -119,7 +119,7 @@ def write_frame(fd: int, payload: bytes) -> None:
     """Write one message in Connection's framing to the blocking or non-blocking pipe ``fd``,
     whole: a short write is continued (a non-blocking pipe that is full raises
     ``BlockingIOError``)."""
-    size = len(payload)
+    size = len(payload)  # frame(), without the call for the short header: once per batch
     data = _HEADER.pack(size) + payload if size <= 0x7FFFFFFF else frame(payload)
     written = os.write(fd, data)
     if written < len(data):  # a pipe that was nearly full
