@@ -28,12 +28,9 @@ class Codec(Protocol):
     """What the engine does with a worker's payload; the fast path supplies one that turns slot
     descriptors into tensors (see ``_fastpath.py``)."""
 
-    def decode(self, index: Any, payload: Any) -> Any:
-        """The batch handed to the consumer for a task's payload."""
-
     def deliver(self, index: Any, payload: Any) -> tuple[Any, tuple[int, int | None, int | None] | None]:
-        """``decode(index, payload)`` and the batch's rows, real and padded tokens when the
-        payload says (else ``None``), in one call: this runs once per batch."""
+        """The batch handed to the consumer for a task's payload, and its rows, real and padded
+        tokens when the payload says (else ``None``): one call, once per batch."""
 
     def retry(self, index: Any, payload: Any) -> Any:
         """A new index to build the task again with (an oversize batch gets a bigger slot), or
@@ -52,9 +49,6 @@ class Codec(Protocol):
 
 class GenericCodec:
     """The generic path: the payload is the batch itself."""
-
-    def decode(self, index: Any, payload: Any) -> Any:
-        return payload
 
     def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
         return payload, None

@@ -327,9 +327,6 @@ class SlotCodec:
         batch = tuple.__new__(SlotBatch, (arrays, objects, nbytes, counts))
         return epoch, seq, OK, batch, busy_s, None if math.isnan(read_s) else read_s
 
-    def decode(self, index: SlotTask, payload: SlotBatch) -> dict[str, Any]:
-        return self.deliver(index, payload)[0]
-
     def deliver(self, index: SlotTask, payload: SlotBatch) -> tuple[dict[str, Any], Any]:
         """The batch (tensors viewing the slot) and the rows, real and padded tokens the worker
         counted (``None`` when the collate does not say)."""

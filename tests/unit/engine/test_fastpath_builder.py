@@ -67,7 +67,7 @@ def test_the_gather_from_the_map_counts_as_read_time_only_for_samples_read_in_pl
     builder = SlotBuilder(ds if in_place else _CopiesOnly(ds), collate, os.getpid())
     task = codec.task([5, 9, 3, 77])
     descriptor = builder.build(task)
-    batch = codec.decode(task, descriptor)
+    batch, _ = codec.deliver(task, descriptor)
     assert batch["tokens"].tolist()[0][: int(ds.lengths[5])] == ds[5]["tokens"].tolist()
     assert (builder.last_read_s >= DELAY_S) == in_place
     del batch
@@ -100,7 +100,7 @@ def test_a_collate_with_only_layout_and_collate_into_builds_the_same_batch(h5: P
     batches = []
     for collate in (mine, theirs):
         task = codec.task([5, 9, 3, 77])
-        batches.append(codec.decode(task, SlotBuilder(ds, collate, os.getpid()).build(task)))
+        batches.append(codec.deliver(task, SlotBuilder(ds, collate, os.getpid()).build(task))[0])
     assert mine.calls == ["layout", "collate_into"]
     assert batches[0].keys() == batches[1].keys()
     assert all(torch.equal(batches[0][k], batches[1][k]) for k in batches[0])

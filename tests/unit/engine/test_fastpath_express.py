@@ -51,7 +51,7 @@ def _build(ds: Any, collate: Any, plans: list[list[int]], *, express: bool, slot
         task = codec.task(indices)
         built = builder.build(task)
         if isinstance(built, SlotBatch):
-            batch = codec.decode(task, built)
+            batch, _ = codec.deliver(task, built)
             out.append((built, {k: v.numpy().copy() for k, v in batch.items()}))
             del batch
         else:
