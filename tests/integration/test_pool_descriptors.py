@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fastload
+from fastload._engine import _reaper
 from fastload._engine._pool import WorkerPool
 from fastload._engine._worker import WorkerSpec
 
@@ -60,6 +61,7 @@ def test_loaders_collected_together_in_cycles_close_each_pipe_once(unraisable: l
     del loader, loaders  # each loader and its iterator refer to each other: only gc frees them
     gc.collect()
     assert unraisable == []
+    _reaper.flush()  # leaving workers are joined in the background; wait for that here
     assert _open_fds() <= before
     assert not any(c.pid in pids for c in multiprocessing.active_children())
 

@@ -1,0 +1,99 @@
+"""Joining worker processes that are leaving, off the consumer's thread.
+
+A worker told to stop closes its result pipe as the last thing ``worker_main`` does; from then on
+it touches nothing the main process owns (no slot, no descriptor, no pipe). What remains is the
+exit itself, where the kernel takes apart an address space that fork copied from a parent with
+torch loaded: 5-9 ms per worker here, during which a joining parent sits idle. So the pool waits
+only for that goodbye (NOTE [shutdown order] in ``_pool.py``) and hands the processes to
+:func:`reap`, whose thread joins them, and sends SIGTERM, then SIGKILL, to one that hangs in its
+exit (a user's ``atexit`` handler, say).
+
+The thread starts on first use and lives as long as the process. A forked child starts with a
+reaper of its own: its parent's workers are not its to join. At interpreter exit, before
+multiprocessing's own exit handler, :func:`flush` waits until everything handed over is joined.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing.util  # noqa: F401  (its exit handler is registered first, so runs after ours)
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+GRACE_S = 5.0  # how long a process that said goodbye may take to exit before SIGTERM
+_SIGNAL_WAIT_S = 1.0  # after SIGTERM, and after SIGKILL
+
+
+def join_or_kill(procs: list[Any], timeout_s: float) -> None:
+    """Join every process in ``procs`` against one deadline ``timeout_s`` away, never one per
+    process; SIGTERM those still running, then SIGKILL, waiting a second after each; close
+    (release the descriptors of) every one that exited."""
+    deadline = time.monotonic() + timeout_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for signal_name in ("terminate", "kill"):
+        stragglers = [p for p in procs if p.is_alive()]
+        if not stragglers:
+            break
+        for proc in stragglers:
+            with contextlib.suppress(OSError):
+                getattr(proc, signal_name)()
+        for proc in stragglers:
+            proc.join(_SIGNAL_WAIT_S)
+    for proc in procs:
+        with contextlib.suppress(ValueError):  # one that survived SIGKILL (stuck in the kernel)
+            proc.close()
+
+
+class _Reaper:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def reap(self, procs: list[Any]) -> None:
+        self._queue.put(procs)
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="fastload-reaper", daemon=True)
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while (procs := self._queue.get()) is not None:
+            join_or_kill(procs, GRACE_S)
+
+    def flush(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)  # after everything handed over so far
+            thread.join()
+
+
+_reaper = _Reaper()
+
+
+def reap(procs: list[Any]) -> None:
+    """Join ``procs`` (processes that are leaving and will touch nothing of ours again) in the
+    background, escalating as :func:`join_or_kill` does after :data:`GRACE_S`."""
+    if procs:
+        _reaper.reap(procs)
+
+
+@atexit.register  # registered after multiprocessing's handler, so it runs before it
+def flush() -> None:
+    """Wait until every process handed to :func:`reap` so far has been joined."""
+    _reaper.flush()
+
+
+def _fresh_in_child() -> None:
+    global _reaper
+    _reaper = _Reaper()
+
+
+os.register_at_fork(after_in_child=_fresh_in_child)
