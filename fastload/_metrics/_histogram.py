@@ -49,6 +49,13 @@ class LogHistogram:
         self._counts[index] += 1
         self._total += 1
 
+    def record_all(self, values: list[float]) -> None:
+        """Count each of ``values`` as :meth:`record` would (the same buckets), in one call."""
+        last, log, scale = self._buckets - 1, math.log, math.log(RATIO)
+        indices = [0 if s < MIN_S else min(last, 1 + int(log(s / MIN_S) / scale)) for s in values]
+        np.add.at(self._counts, indices, 1)
+        self._total += len(indices)
+
     def absorb(self, other: LogHistogram) -> None:
         """Add the counts of ``other`` (a histogram with the same buckets) to these."""
         self._counts += other._counts

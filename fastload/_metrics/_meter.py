@@ -158,11 +158,66 @@ class StallMeter:
 
     def _fold(self) -> None:
         log, self._log = self._log, []
-        for entry in log:
+        i, n = 0, len(log)
+        while i < n:
+            if self._stepping is not None and self._current.batches:
+                i = self._fold_steady(log, i)
+                if i == n:
+                    break
+            entry = log[i]
             if isinstance(entry, tuple):
                 self._apply_end(*entry)
             else:
                 self._apply_begin(entry)
+            i += 1
+
+    def _fold_steady(self, log: list[Any], i: int) -> int:
+        """Fold the run of steady batches at ``log[i:]`` — a begin, then an end with token
+        counts, after a batch whose step is open — in one loop over local variables, and return
+        where the run stops. The arithmetic is :meth:`_apply_begin` and :meth:`_apply_end`'s, in
+        the same order (the same floats to the last bit), without their two calls, attribute
+        writes and a ``_Batch`` per batch: a tenth of the time."""
+        stepping, step_started = self._stepping, self._step_started
+        if stepping is None or step_started is None or stepping.padded_tokens is None:
+            return i
+        prev_samples, prev_padded = stepping.samples, stepping.padded_tokens
+        t = self._current
+        wait_s, step_s, batches, steady = t.wait_s, t.step_s, t.batches, t.steady_batches
+        samples_sum, real_sum, padded_sum = t.samples, t.real_tokens, t.padded_tokens
+        stepped, stepped_samples, stepped_padded = t.stepped_batches, t.stepped_samples, t.stepped_padded_tokens
+        waits: list[float] = []
+        start, n = i, len(log) - 1
+        while i < n:
+            begin, end = log[i], log[i + 1]
+            if type(begin) is not float or type(end) is not tuple:
+                break
+            now, samples, real, padded = end
+            if real is None or padded is None:
+                break
+            step_s += max(0.0, begin - step_started)
+            stepped += 1
+            stepped_samples += prev_samples
+            stepped_padded += prev_padded
+            wait = max(0.0, now - begin)
+            wait_s += wait
+            steady += 1
+            waits.append(wait)
+            batches += 1
+            samples_sum += samples
+            real_sum += real
+            padded_sum += padded
+            step_started, prev_samples, prev_padded = now, samples, padded
+            i += 2
+        if i == start:
+            return i
+        t.wait_s, t.step_s, t.batches, t.steady_batches = wait_s, step_s, batches, steady
+        t.samples, t.real_tokens, t.padded_tokens = samples_sum, real_sum, padded_sum
+        t.stepped_batches, t.stepped_samples, t.stepped_padded_tokens = stepped, stepped_samples, stepped_padded
+        t.waits.record_all(waits)
+        self._wait_started = None
+        self._step_started = step_started
+        self._stepping = _Batch(prev_samples, prev_padded)
+        return i
 
     def _apply_begin(self, now: float) -> None:
         if self._step_started is not None and self._stepping is not None:

@@ -43,3 +43,22 @@ def test_sub_microsecond_waits_report_as_zero_and_memory_is_constant() -> None:
 
 def test_an_empty_histogram_has_no_quantile() -> None:
     assert LogHistogram().quantile(0.5) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(min_value=0.0, max_value=2e4),
+            st.sampled_from([0.0, MIN_S, MIN_S * RATIO, MIN_S * RATIO**7, 1e4, 1e5]),
+        ),
+        max_size=200,
+    )
+)
+def test_recording_all_at_once_fills_the_same_buckets_as_one_by_one(values: list[float]) -> None:
+    one, many = LogHistogram(), LogHistogram()
+    for v in values:
+        one.record(v)
+    many.record_all(values)
+    assert many.count == one.count == len(values)
+    assert many._counts.tolist() == one._counts.tolist()
