@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset
 from fastload._device import DevicePrefetcher, cuda_available, cuda_device, page_lock, pin_tree
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
-from fastload._engine._cores import ConsumerCore
+from fastload._engine._cores import CONFINE, RELEASE, ConsumerCore
 from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
 from fastload._engine._pump import ERROR, Pump, end_marker
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter, available_cores
@@ -334,17 +334,16 @@ class LoaderIterator:
         data = self._next_host_batch()
         counts, self._host_counts = self._host_counts, None
         self._counts.append(counts or _batch_counts(data))
-        # The fast path's workers stay off the consumer's CPU until a window of batches shows
-        # the consumer starved; then they get every CPU (``_engine/_cores.py``).
+        # The fast path's workers stay off the consumer's CPU unless a trial, begun when a
+        # window of batches shows the consumer starved, finds them faster on every CPU
+        # (``_engine/_cores.py``).
         cores, pump, engine = self._cores, self._pump, self._engine
-        if (
-            cores is not None
-            and cores.worker_cpus is not None
-            and pump is not None
-            and engine is not None
-            and cores.observe(time.perf_counter(), pump.waited_s)
-        ):
-            cores.release(engine.worker_pids)
+        if cores is not None and cores.deciding and pump is not None and engine is not None:
+            decision = cores.observe(time.perf_counter(), pump.waited_s)
+            if decision == RELEASE:
+                cores.release(engine.worker_pids)
+            elif decision == CONFINE:
+                cores.confine(engine.worker_pids)
         return data
 
     def _next_host_batch(self) -> Any:

@@ -1,5 +1,6 @@
 """Which CPUs the fast path's workers run on: every CPU the main process may use but the one
-its consumer runs on, until the consumer is seen waiting for them.
+its consumer runs on, unless a trial shows a starved consumer better served with them
+everywhere.
 
 On the fast path a worker builds a batch in about as much CPU time as the consumer takes to
 receive it and step, so with two cores the consumer is the bottleneck, and every moment a
@@ -10,13 +11,19 @@ consumer waited 20-120 µs per batch for its own CPU for hundreds of batches at 
 Keeping the workers off it: +9 % samples/s (paired median of 24 interleaved runs; the variants
 tried on the way measured 0 to +22 %, this machine being noisy).
 
-The price would be a worker-bound loader (heavy batches, few cores) losing a CPU. So the
-confinement ends, for good, the first time the consumer spends more than ``STARVED`` of a
-window of ``WINDOW`` batches waiting in ``next()``; windows start once ``WARMUP`` batches are
-out, because a fresh worker's first batches are slow (page faults into the file and the slots:
-the consumer waited 44-63 % of the first 32 batches, 1-21 % of the third, about 1 % after the
-fourth). Measured with batches that cost the workers 400 µs of CPU each: 121k samples/s never
-confined, 90k confined throughout, 105k released after the first window.
+The price would be a worker-bound loader (heavy batches, few cores) losing a CPU. So the first
+time the consumer spends more than ``STARVED`` of a window of ``WINDOW`` batches waiting in
+``next()``, the workers get every CPU for a trial: one window released, one confined again,
+and they keep every CPU only if the released window delivered batches faster than both
+confined ones by ``GAIN``. Windows start once ``WARMUP`` batches are out, because a fresh
+worker's first batches are slow (page faults into the file and the slots: the consumer waited
+44-63 % of the first 32 batches, 1-21 % of the third, about 1 % after the fourth). Measured
+with batches that cost the workers 400 µs of CPU each: 121k samples/s never confined, 90k
+confined throughout, 105k released after the first window. The trial is there because a
+starved consumer does not always mean the workers lack a CPU: with another busy process on
+the machine, releasing them for good cost 19 % (fresh 1000-batch runs, paired median of 12
+against never releasing). A trial that fails is tried again after ``RETRY`` windows, then
+after twice as many each time.
 
 Only the fast path does this (the generic path's workers are usually the bottleneck), only
 where the main process may run on two CPUs or more, and a ``worker_init_fn`` that sets its
@@ -35,7 +42,11 @@ if TYPE_CHECKING:
 
 WARMUP = 128  # batches delivered before the first window opens
 WINDOW = 64  # batches per window
-STARVED = 0.25  # share of a window's time spent waiting for batches that ends the confinement
+STARVED = 0.25  # share of a window's time spent waiting for batches that starts a trial
+GAIN = 1.05  # how much faster the released window must deliver for the release to stay
+RETRY = 8  # windows after a failed trial before the next one (doubling each time)
+
+RELEASE, CONFINE = "release", "confine"  # what ConsumerCore.observe asks for
 
 
 def _current_cpu() -> int | None:
@@ -49,45 +60,90 @@ def _current_cpu() -> int | None:
 
 
 class ConsumerCore:
-    """Decided once, on the consumer's thread, as the iterator starts its workers."""
+    """Decided on the consumer's thread: set up as the iterator starts its workers, then fed
+    every delivery by :meth:`observe` until :attr:`deciding` turns false."""
 
     def __init__(self) -> None:
         self.worker_cpus: frozenset[int] | None = None  # None: the workers run anywhere
         self._allowed: frozenset[int] = frozenset()
+        self._confined: frozenset[int] = frozenset()
         self._delivered = 0
         self._window: tuple[float | None, float] = (None, 0.0)  # (start, waited_s by then)
+        self._phase = "off"  # "confined", "trial-released", "trial-confined", "off"
+        self._rates: list[float] = []  # batches per second: confined before, released
+        self._hold = 0  # windows to let pass before the next trial
+        self._retry = RETRY
         if not hasattr(os, "sched_getaffinity"):
             return
         allowed = frozenset(os.sched_getaffinity(0))
         cpu = _current_cpu()
         if cpu is not None and cpu in allowed and len(allowed) >= 2:
             self._allowed = allowed
-            self.worker_cpus = allowed - {cpu}
+            self._confined = self.worker_cpus = allowed - {cpu}
+            self._phase = "confined"
 
     @property
     def confining(self) -> bool:
         return self.worker_cpus is not None
 
-    def observe(self, now: float, waited_s: float) -> bool:
+    @property
+    def deciding(self) -> bool:
+        """Whether deliveries are still watched (false once the workers run anywhere for good,
+        or where nothing was confined)."""
+        return self._phase != "off"
+
+    def observe(self, now: float, waited_s: float) -> str | None:
         """A batch was delivered at ``now`` (seconds); the consumer has waited ``waited_s`` for
-        batches in all so far. ``True`` when the window just closed says: release them."""
+        batches in all so far. Returns :data:`RELEASE` or :data:`CONFINE` when the window just
+        closed says so (the caller then calls :meth:`release` or :meth:`confine`), else ``None``."""
         self._delivered += 1
         if self._delivered < WARMUP or (self._delivered - WARMUP) % WINDOW:
-            return False
+            return None
         started, waited_before = self._window
         self._window = (now, waited_s)
-        return started is not None and waited_s - waited_before > STARVED * (now - started)
+        if started is None or now <= started:
+            return None
+        rate = WINDOW / (now - started)
+        phase = self._phase
+        if phase == "confined":
+            if self._hold:
+                self._hold -= 1
+            elif waited_s - waited_before > STARVED * (now - started):
+                self._rates = [rate]
+                self._phase = "trial-released"
+                return RELEASE
+        elif phase == "trial-released":
+            self._rates.append(rate)
+            self._phase = "trial-confined"
+            return CONFINE
+        elif phase == "trial-confined":
+            before, released = self._rates
+            if released > GAIN * max(before, rate):
+                self._phase = "off"
+                return RELEASE
+            self._phase = "confined"
+            self._hold, self._retry = self._retry, 2 * self._retry
+        return None
 
     def release(self, pids: list[int]) -> None:
-        """Let the workers (and any started later) run on every CPU again; a worker whose
-        affinity its ``worker_init_fn`` changed is left alone."""
-        confined, self.worker_cpus = self.worker_cpus, None
-        if confined is None:
-            return
+        """Let the workers (and any started later) run on every CPU; a worker whose affinity
+        its ``worker_init_fn`` changed is left alone."""
+        if self.worker_cpus is not None:
+            self.worker_cpus = None
+            self._place(pids, self._confined, self._allowed)
+
+    def confine(self, pids: list[int]) -> None:
+        """Hold the workers (and any started later) off the consumer's CPU again."""
+        if self.worker_cpus is None and self._confined:
+            self.worker_cpus = self._confined
+            self._place(pids, self._allowed, self._confined)
+
+    @staticmethod
+    def _place(pids: list[int], were: frozenset[int], cpus: frozenset[int]) -> None:
         for pid in pids:
             with contextlib.suppress(OSError):  # gone already: it was respawned or retired
-                if frozenset(os.sched_getaffinity(pid)) == confined:
-                    os.sched_setaffinity(pid, self._allowed)
+                if frozenset(os.sched_getaffinity(pid)) == were:
+                    os.sched_setaffinity(pid, cpus)
 
 
 def start_here(thread: threading.Thread) -> None:
@@ -139,4 +195,4 @@ def confine(cpus: frozenset[int] | None) -> None:
             os.sched_setaffinity(0, cpus)
 
 
-__all__ = ["STARVED", "WARMUP", "WINDOW", "ConsumerCore", "allowed_cpus", "confine", "restore_cpus", "start_here"]
+__all__ = ["CONFINE", "GAIN", "RELEASE", "RETRY", "STARVED", "WARMUP", "WINDOW", "ConsumerCore", "allowed_cpus", "confine", "restore_cpus", "start_here"]
