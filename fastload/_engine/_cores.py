@@ -21,9 +21,9 @@ worker's first batches are slow (page faults into the file and the slots: the co
 with batches that cost the workers 400 µs of CPU each: 121k samples/s never confined, 90k
 confined throughout, 105k released after the first window. The trial is there because a
 starved consumer does not always mean the workers lack a CPU: with another busy process on
-the machine, releasing them for good cost 19 % (fresh 1000-batch runs, paired median of 12
-against never releasing). A trial that fails is tried again after ``RETRY`` windows, then
-after twice as many each time.
+the machine, never releasing them delivered 3 % and 23 % more than releasing them for good (two
+series of fresh 1000-batch runs, paired medians of 12), and the trial 4 % and 7 % more. A
+trial that fails is tried again after ``RETRY`` windows, then after twice as many each time.
 
 Only the fast path does this (the generic path's workers are usually the bottleneck), only
 where the main process may run on two CPUs or more, and a ``worker_init_fn`` that sets its
