@@ -22,21 +22,18 @@ from fastload.errors import WorkerCrashedError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fault_datasets import DiesOnce, Hangs, Poison, Slow
+from _procs import alive, live_children
 
 HERE = Path(__file__).parent
 
 
-def _children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-
-
 def _wait_gone(pids: list[int], timeout_s: float) -> list[int]:
     deadline = time.monotonic() + timeout_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    left = [p for p in pids if alive(p)]
+    while left and time.monotonic() < deadline:
         time.sleep(0.05)
-    return alive
+        left = [p for p in left if alive(p)]
+    return left
 
 
 def _values(batches: list[torch.Tensor]) -> list[int]:
@@ -83,14 +80,14 @@ def _new_children(before: set[int], timeout_s: float = 5) -> set[int]:
     may have left a forkserver or resource tracker running: those are not ours)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        new = {p.pid for p in _children() if p.status() != "zombie"} - before
+        new = {p.pid for p in live_children()} - before
         if not new or time.monotonic() > deadline:
             return new
         time.sleep(0.05)
 
 
 def test_a_sample_that_kills_every_worker_raises_naming_the_batch_and_indices() -> None:
-    before = {p.pid for p in _children()}
+    before = {p.pid for p in live_children()}
     loader = fastload.DataLoader(Poison(40, victim=13), batch_size=4, num_workers=2)
     with pytest.raises(WorkerCrashedError, match=r"batch 3 from sample indices \[12, 13, 14, 15\]"):
         list(loader)
@@ -102,7 +99,7 @@ def test_worker_crash_error_is_a_runtime_error_like_torchs() -> None:
 
 
 def test_timeout_raises_when_a_worker_hangs() -> None:
-    before = {p.pid for p in _children()}
+    before = {p.pid for p in live_children()}
     loader = fastload.DataLoader(Hangs(16, victim=5), batch_size=2, num_workers=1, timeout=0.5)
     it = iter(loader)
     next(it)
@@ -158,7 +155,7 @@ def test_thirty_epochs_grow_neither_file_descriptors_nor_child_processes() -> No
             assert _values(list(loader)) == list(range(32))
         gc.collect()
 
-    before = {p.pid for p in _children()}
+    before = {p.pid for p in live_children()}
     epochs(3)
     assert _new_children(before) == set()
     _reaper.flush()

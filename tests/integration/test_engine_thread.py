@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _procs import live_children
 from _token_files import write_token_file
 from _user_readers import UserReader
 
@@ -216,14 +217,14 @@ def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path, driver: str)
 def test_a_batch_that_keeps_killing_workers_ends_the_epoch_with_a_named_error(h5: Path, driver: str) -> None:
     plan = _plan()
     victim = plan[3][2]
-    before = {p.pid for p in psutil_children()}  # other tests may leave a forkserver behind
+    before = {p.pid for p in live_children()}  # other tests may leave a forkserver behind
     it = iter(fastload.DataLoader(_KillsWorkerAt(h5, at=victim), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     got = [next(it) for _ in range(3)]
     with pytest.raises(WorkerCrashedError, match=rf"(?s)building batch 3 from sample indices \[.*{victim}"):
         next(it)
     assert len(got) == 3
     assert _wait_until(lambda: not _pump_threads())
-    assert _wait_until(lambda: not {p.pid for p in psutil_children()} - before)
+    assert _wait_until(lambda: not {p.pid for p in live_children()} - before)
 
 
 @pytest.mark.parametrize("how", ["break", "del", "exception"])
@@ -361,7 +362,3 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def psutil_children() -> list[Any]:
-    import psutil
-
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]

@@ -25,6 +25,7 @@ import psutil
 import pytest
 import torch
 import torch.utils.data
+from _procs import alive
 from _user_readers import UserReader  # no fastload base class
 
 import fastload
@@ -333,7 +334,7 @@ def test_sigkill_of_the_parent_during_fast_path_leaves_no_worker_and_no_shm(h5: 
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
         deadline = time.monotonic() + 5
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+        while any(alive(p) for p in pids):
             assert time.monotonic() < deadline, "workers outlived their parent by 5 s"
             time.sleep(0.05)
     finally:
