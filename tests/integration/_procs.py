@@ -1,7 +1,11 @@
 """Looking at processes that may exit, or be reaped by fastload's reaper thread, while a test
-looks at them: psutil raises ``NoSuchProcess`` for one that goes between two calls."""
+looks at them (psutil raises ``NoSuchProcess`` for one that goes between two calls), and
+waiting for what happens in the background."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import psutil
 
@@ -17,3 +21,13 @@ def alive(pid: int) -> bool:
 def live_children() -> list[psutil.Process]:
     """This process's descendants that are alive (as :func:`alive` says)."""
     return [p for p in psutil.Process().children(recursive=True) if alive(p.pid)]
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0) -> bool:
+    """Whether ``predicate()`` turned true within ``timeout_s`` (looked at every 10 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return bool(predicate())

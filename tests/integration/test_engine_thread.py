@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _procs import live_children
+from _procs import alive, live_children, wait_until
 from _token_files import write_token_file
 from _user_readers import UserReader
 
@@ -46,15 +46,6 @@ def _pump_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "fastload-pump" and t.is_alive()]
 
 
-def _wait_until(predicate: Any, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 @pytest.fixture(autouse=True)
 def _no_pump_thread_from_earlier_tests() -> None:
     # An iterator that an earlier test dropped in a reference cycle (a kept traceback, say) stops
@@ -63,7 +54,7 @@ def _no_pump_thread_from_earlier_tests() -> None:
         gc.collect()
         return not _pump_threads()
 
-    assert _wait_until(gone), "an engine thread of an earlier test outlived its iterator"
+    assert wait_until(gone), "an engine thread of an earlier test outlived its iterator"
 
 
 class _CountingPlan:
@@ -136,7 +127,7 @@ def test_the_fast_path_starts_its_thread_with_the_first_batch_and_the_generic_pa
     assert it._pump.threaded and len(_pump_threads()) == 1  # it drives during the first step
     _, threaded = _batches_seen(it, lambda k: 0)  # fast steps: next() takes over, the thread parks
     assert not all(threaded)
-    assert _wait_until(lambda: not _pump_threads())  # and stops with the epoch
+    assert wait_until(lambda: not _pump_threads())  # and stops with the epoch
     generic = iter(fastload.DataLoader(torch.arange(40), batch_size=8, num_workers=2))
     assert generic._pump is None and not _pump_threads()
     list(generic)
@@ -150,7 +141,7 @@ def test_the_sampler_runs_ahead_by_prefetch_factor_times_workers_and_no_more(h5:
     it = iter(loader)
     held = []
     for consumed in range(5):
-        assert _wait_until(lambda c=consumed: plan.taken == c + 6)
+        assert wait_until(lambda c=consumed: plan.taken == c + 6)
         time.sleep(0.05)  # give a wrong implementation the time to overrun
         assert plan.taken == consumed + 6
         held.append(next(it))
@@ -162,13 +153,13 @@ def test_batches_are_built_before_the_consumer_asks_and_decoded_too_by_the_threa
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
     pump = it._pump
     if driver == "threaded":
-        assert _wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
+        assert wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
     else:  # inline: the 4 tasks went out with iter(); both workers' replies wait in their pipes
         _, fds = pump._engine.watch()
         poller = select.poll()
         for fd in fds:
             poller.register(fd, select.POLLIN)
-        assert _wait_until(lambda: len(poller.poll(0)) == 2)
+        assert wait_until(lambda: len(poller.poll(0)) == 2)
         assert not pump._ready
     first = next(it)
     assert isinstance(first["tokens"], torch.Tensor)  # a decoded batch, not a descriptor
@@ -196,8 +187,8 @@ def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_
     assert got == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan.batches[:7]]
     with pytest.raises(StopIteration):
         next(it)
-    assert _wait_until(lambda: not _pump_threads())
-    assert _wait_until(lambda: not any(_alive(p) for p in pids))
+    assert wait_until(lambda: not _pump_threads())
+    assert wait_until(lambda: not any(alive(p) for p in pids))
 
 
 def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path, driver: str) -> None:
@@ -211,7 +202,7 @@ def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path, driver: str)
     with pytest.raises(LoaderTimeoutError, match=r"timed out after 0\.5 seconds"):
         next(it)
     assert time.monotonic() - started < 3.0
-    assert _wait_until(lambda: not _pump_threads())
+    assert wait_until(lambda: not _pump_threads())
 
 
 def test_a_batch_that_keeps_killing_workers_ends_the_epoch_with_a_named_error(h5: Path, driver: str) -> None:
@@ -223,8 +214,8 @@ def test_a_batch_that_keeps_killing_workers_ends_the_epoch_with_a_named_error(h5
     with pytest.raises(WorkerCrashedError, match=rf"(?s)building batch 3 from sample indices \[.*{victim}"):
         next(it)
     assert len(got) == 3
-    assert _wait_until(lambda: not _pump_threads())
-    assert _wait_until(lambda: not {p.pid for p in live_children()} - before)
+    assert wait_until(lambda: not _pump_threads())
+    assert wait_until(lambda: not {p.pid for p in live_children()} - before)
 
 
 @pytest.mark.parametrize("how", ["break", "del", "exception"])
@@ -248,8 +239,8 @@ def test_leaving_an_epoch_early_stops_the_thread_and_the_workers(h5: Path, how: 
         del it
     del loader
     gc.collect()
-    assert _wait_until(lambda: not _pump_threads())
-    assert _wait_until(lambda: not any(_alive(p) for p in pids))
+    assert wait_until(lambda: not _pump_threads())
+    assert wait_until(lambda: not any(alive(p) for p in pids))
 
 
 def test_persistent_workers_keep_one_runner_across_epochs_and_each_epoch_is_exact(h5: Path, driver: str) -> None:
@@ -308,8 +299,8 @@ def test_dropping_the_iterator_while_the_thread_is_parked_stops_it_and_the_worke
     assert not it._pump.threaded and len(_pump_threads()) == 1  # parked, not gone
     del it
     gc.collect()
-    assert _wait_until(lambda: not _pump_threads())
-    assert _wait_until(lambda: not any(_alive(p) for p in pids))
+    assert wait_until(lambda: not _pump_threads())
+    assert wait_until(lambda: not any(alive(p) for p in pids))
 
 
 def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:
@@ -348,17 +339,5 @@ class _KillsWorkerOnceAt(UserReader):
         if self.at in indices.tolist() and not self.marker.exists():
             self.marker.touch()
             os._exit(7)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is as good as gone: reaped by its parent soon
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
 
 

@@ -23,17 +23,9 @@ from fastload._engine import _reaper
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fault_datasets import Slow
+from _procs import wait_until
 
 HERE = Path(__file__).parent
-
-
-def _eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _gone(pid: int) -> bool:
@@ -69,7 +61,7 @@ def test_an_epoch_ends_without_waiting_for_a_worker_that_is_slow_to_exit() -> No
     worker = psutil.Process(pid)
     assert worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE
     assert worker.nice() == 19  # a leaving worker never competes with the consumer for a CPU
-    assert _eventually(lambda: _gone(pid))
+    assert wait_until(lambda: _gone(pid), 10.0)
 
 
 def test_a_worker_that_hangs_after_its_goodbye_is_terminated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -133,4 +125,4 @@ def test_workers_are_joined_after_a_loader_with_persistent_workers_is_dropped() 
     pids = list(loader._iterator.worker_pids)
     del loader
     gc.collect()  # the loader and its iterator refer to each other
-    assert _eventually(lambda: all(_gone(pid) for pid in pids))
+    assert wait_until(lambda: all(_gone(pid) for pid in pids), 10.0)
