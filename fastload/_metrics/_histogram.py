@@ -18,6 +18,7 @@ MAX_S = 1e4
 #: Ratio between the edges of consecutive buckets. Reporting a bucket's geometric midpoint
 #: keeps the relative error of every reported quantile within ``sqrt(RATIO) - 1`` (2.47 %).
 RATIO = 1.05
+_LOG_RATIO = math.log(RATIO)
 
 
 class LogHistogram:
@@ -40,21 +41,20 @@ class LogHistogram:
         """How many values were recorded."""
         return self._total
 
+    def _bucket(self, seconds: float) -> int:
+        if seconds < MIN_S:
+            return 0
+        return min(self._buckets - 1, 1 + int(math.log(seconds / MIN_S) / _LOG_RATIO))
+
     def record(self, seconds: float) -> None:
         """Count one duration (seconds, >= 0)."""
-        if seconds < MIN_S:
-            index = 0
-        else:
-            index = min(self._buckets - 1, 1 + int(math.log(seconds / MIN_S) / math.log(RATIO)))
-        self._counts[index] += 1
+        self._counts[self._bucket(seconds)] += 1
         self._total += 1
 
     def record_all(self, values: list[float]) -> None:
-        """Count each of ``values`` as :meth:`record` would (the same buckets), in one call."""
-        last, log, scale = self._buckets - 1, math.log, math.log(RATIO)
-        indices = [0 if s < MIN_S else min(last, 1 + int(log(s / MIN_S) / scale)) for s in values]
-        np.add.at(self._counts, indices, 1)
-        self._total += len(indices)
+        """Count each of ``values`` as :meth:`record` would, in one call."""
+        np.add.at(self._counts, [self._bucket(s) for s in values], 1)
+        self._total += len(values)
 
     def absorb(self, other: LogHistogram) -> None:
         """Add the counts of ``other`` (a histogram with the same buckets) to these."""
