@@ -8,9 +8,12 @@ import h5py
 import numpy as np
 
 
-def write_token_file(path: Path, samples: int, max_length: int) -> Path:
-    """``samples`` sequences of 1..``max_length - 1`` uint16 ids in the fastload layout."""
-    rng = np.random.default_rng(0)
+def write_token_file(
+    path: Path, samples: int, max_length: int, *, seed: int = 0, label: bool = False, names: bool = False
+) -> Path:
+    """``samples`` sequences of 1..``max_length - 1`` uint16 ids in the fastload layout; with
+    ``label``, an int64 ``label`` field (0..4) per sample; with ``names``, a string ``name``."""
+    rng = np.random.default_rng(seed)
     lengths = rng.integers(1, max_length, samples).astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with h5py.File(path, "w") as f:
@@ -18,5 +21,9 @@ def write_token_file(path: Path, samples: int, max_length: int) -> Path:
         f.attrs["num_samples"] = samples
         f.create_dataset("tokens/values", data=rng.integers(1, 30_000, int(offsets[-1])).astype(np.uint16))
         f.create_dataset("tokens/offsets", data=offsets)
+        if label:
+            f.create_dataset("label", data=rng.integers(0, 5, samples).astype(np.int64))
         f.create_dataset("lengths", data=lengths)
+        if names:
+            f.create_dataset("name", data=[f"s{i}" for i in range(samples)], dtype=h5py.string_dtype())
     return path

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 import psutil
 import pytest
 import torch
 import torch.utils.data
 from _procs import alive
+from _token_files import write_token_file
 from _user_readers import UserReader  # no fastload base class
 
 import fastload
@@ -33,20 +33,8 @@ import fastload
 N = 300
 
 
-def _write(path: Path, n: int = N, seed: int = 0, *, names: bool = False) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 120, n).astype(np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    with h5py.File(path, "w") as f:
-        f.attrs["fastload_format"] = 1
-        f.attrs["num_samples"] = n
-        f.create_dataset("tokens/values", data=rng.integers(1, 30_000, int(offsets[-1])).astype(np.uint16))
-        f.create_dataset("tokens/offsets", data=offsets)
-        f.create_dataset("label", data=rng.integers(0, 5, n).astype(np.int64))
-        f.create_dataset("lengths", data=lengths)
-        if names:
-            f.create_dataset("name", data=[f"s{i}" for i in range(n)], dtype=h5py.string_dtype())
-    return lengths
+def _write(path: Path, n: int = N, seed: int = 0, *, names: bool = False) -> Path:
+    return write_token_file(path, n, 120, seed=seed, label=True, names=names)
 
 
 @pytest.fixture(scope="module")
