@@ -125,6 +125,19 @@ def plan_layout(layout: dict[str, tuple[tuple[int, ...], np.dtype]]) -> tuple[li
     return arrays, offset
 
 
+def in_place_reader(dataset: Any) -> Any:
+    """The dataset's ``_read_batch_in_place`` (fastload's readers: samples left in their memory
+    map for the padding to gather from), or ``None`` where it would bypass a ``read_batch`` of
+    the dataset's own: a subclass, or an instance, that overrides ``read_batch`` alone must
+    have it called."""
+    if "read_batch" in getattr(dataset, "__dict__", {}):
+        return None
+    mro = type(dataset).__mro__
+    in_place = next((i for i, cls in enumerate(mro) if "_read_batch_in_place" in vars(cls)), None)
+    read = next((i for i, cls in enumerate(mro) if "read_batch" in vars(cls)), len(mro))
+    return None if in_place is None or in_place > read else dataset._read_batch_in_place
+
+
 class SlotBuilder:
     """Runs in a worker: builds one batch into its slot (the worker's ``fetcher``), and reads
     and writes the two per-batch messages in their binary form."""
@@ -141,7 +154,7 @@ class SlotBuilder:
     def _reader(self) -> Any:
         # fastload's readers can leave mapped samples in place for the padding to gather from.
         if self._read is None:
-            self._read = getattr(self.dataset, "_read_batch_in_place", None) or self.dataset.read_batch
+            self._read = in_place_reader(self.dataset) or self.dataset.read_batch
         return self._read
 
     @staticmethod
@@ -256,6 +269,8 @@ class _Express:
         """The express builder for batches like ``columnar`` (the first batch, built the
         general way), or ``None`` where it does not apply."""
         if _kernels._native is None or getattr(type(collate), "_prepare", None) is not PadCollate._prepare:
+            return None
+        if in_place_reader(dataset) is None:  # it reads the map as _read_batch_in_place does
             return None
         if len(columnar) != 1 or not isinstance(next(iter(columnar.values())), Spans):
             return None

@@ -105,6 +105,26 @@ def test_a_user_dataset_with_read_batch_and_lengths_takes_the_fast_path(h5: Path
     assert sum(len(b["lengths"]) for b in it) == N
 
 
+class _Reversed(fastload.HDF5Dataset):
+    """A reader subclass whose own ``read_batch`` changes the samples (each row reversed)."""
+
+    def read_batch(self, indices: Any) -> Any:
+        batch = super().read_batch(indices)
+        tokens = batch["tokens"]
+        starts = np.concatenate([[0], np.cumsum(tokens.lengths)[:-1]])
+        rows = [tokens.values[s : s + n][::-1] for s, n in zip(starts, tokens.lengths, strict=True)]
+        return {**batch, "tokens": type(tokens)(np.concatenate(rows), tokens.lengths)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_reader_subclass_that_overrides_read_batch_is_read_through_it(h5: Path, workers: int, fields: list[str] | None) -> None:
+    plan = _plan()[:6]
+    loader = fastload.DataLoader(_Reversed(h5, fields=fields), batch_sampler=plan, num_workers=workers, collate_fn=_collate())
+    for got, want in zip(loader, _reference(h5, plan, fields), strict=True):
+        for row, n in enumerate(want["lengths"].tolist()):
+            assert torch.equal(got["tokens"][row, :n], want["tokens"][row, :n].flip(0))
+
+
 @pytest.mark.parametrize("options", [{"length_grouped": True, "batch_size": 16}, {"max_tokens": 600}])
 def test_length_grouped_fast_path_covers_the_epoch_once(h5: Path, options: dict[str, Any]) -> None:
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), num_workers=2, collate_fn=_collate(), **options)
