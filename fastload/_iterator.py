@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from fastload._device import DevicePrefetcher, cuda_available, cuda_device, page
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
 from fastload._engine._cores import CONFINE, RELEASE, ConsumerCore
-from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
+from fastload._engine._fastpath import SlotBuilder, SlotCodec, express_builder, slot_bytes_bound
 from fastload._engine._pump import ERROR, Pump, end_marker
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter, available_cores
 from fastload.errors import FastloadError
@@ -61,6 +62,16 @@ def fast_path_collate(loader: Any) -> Any:
     if loader.num_workers > 0 and not os.path.isdir("/proc/self/fd"):
         return None  # workers map the slots through /proc (Linux); elsewhere the generic path runs
     return collate
+
+
+def _main_builder(loader: Any, collate: Any) -> Any:
+    """What makes the one-call builder with which the main process may build a batch itself
+    while it would wait for a worker (see ``_engine/_claims.py``), or ``None``. Not with a
+    ``worker_init_fn``: it may change what a worker's dataset reads, and the main process's
+    copy would not follow."""
+    if loader.worker_init_fn is not None or len(loader.dataset) == 0:
+        return None
+    return functools.partial(express_builder, loader.dataset, collate)
 
 
 def _plan_rows_and_tokens(loader: Any) -> tuple[int | None, int | None]:
@@ -208,7 +219,7 @@ class LoaderIterator:
         )
         if self._fast_collate is not None:
             self._arena = self._new_arena(loader)
-            self._codec = SlotCodec(self._arena)
+            self._codec = SlotCodec(self._arena, _main_builder(loader, self._fast_collate))
             template = dataclasses.replace(
                 template, builder=SlotBuilder(self._dataset, self._fast_collate, os.getpid())
             )
@@ -453,6 +464,7 @@ class LoaderIterator:
             "worker_read_share": (sum(engine.read_s) / busy) if busy and self._codec else None,
             "respawns": engine.respawns,
             "retries": engine.retries,
+            "main_batches": engine.main_batches,
         }
         if self._arena is not None:
             fields["slots_in_use"] = self._arena.in_use

@@ -9,7 +9,8 @@ against the container's memory limit, which the preflight checks).
 A segment holds ``slots`` slots of ``slot_bytes`` each. A slot is *free*, *reserved* for a task,
 or *exported* to the consumer as tensors viewing it; it becomes free again only when the last
 tensor viewing it is garbage-collected (a weak reference with a callback on the numpy array under
-all the views), so a consumer that keeps a batch can never see it overwritten.
+all the views), so a consumer that keeps a batch can never see it overwritten. Each regular slot
+ends in a claim word (``_claims.py``) after its ``capacity`` bytes for the batch.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fastload._engine._claims import CLAIM_BYTES
 from fastload.errors import SharedMemoryError
 
 ALIGN = 64  # every array in a slot starts on a 64-byte boundary (cache line; any dtype's view)
@@ -45,7 +47,7 @@ class SlotRef(NamedTuple):
     fd: int  # the segment's descriptor number in the main process
     size: int  # the segment's size in bytes
     offset: int  # the slot's byte offset in the segment
-    capacity: int  # the slot's size in bytes
+    capacity: int  # the bytes a batch may use (a regular slot's claim word follows them)
     temporary: bool = False  # a one-off slot for an oversize batch: unmapped after use
 
 
@@ -89,6 +91,7 @@ class _Segment:
     def __init__(self, seg_id: int, size: int, pin: Pinner | None) -> None:
         self.id = seg_id
         self.size = size
+        self.array: np.ndarray | None = None  # the whole segment, for the main process's builds
         self.fd = _anonymous_file(size)
         try:
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -102,6 +105,7 @@ class _Segment:
             del view
 
     def close(self) -> None:
+        self.array = None
         if self._unpin is not None:
             self._unpin()
         os.close(self.fd)
@@ -116,13 +120,14 @@ class SlotArena:
     ``max_bytes`` in all; ``export(ref, nbytes)`` returns a writable uint8 array over the slot
     that frees the slot when it is garbage-collected; ``release(ref)`` frees a slot that was
     never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch.
-    Thread-safe: a finalizer may run on any thread.
+    ``slot_bytes`` is the stride of regular slots: their ``capacity`` for a batch (at least the
+    ``slot_bytes`` asked for) plus the claim word. Thread-safe: a finalizer may run on any thread.
     """
 
     def __init__(
         self, *, slot_bytes: int, slots: int, max_bytes: int, pin: Pinner | None = None
     ) -> None:
-        self.slot_bytes = align(slot_bytes, _PAGE)
+        self.slot_bytes = align(slot_bytes + CLAIM_BYTES, _PAGE)
         self._pin = pin
         self.max_bytes = max_bytes
         needed = self.slot_bytes * slots
@@ -162,7 +167,8 @@ class SlotArena:
     def _grow(self, slots: int) -> None:
         seg = self._new_segment(self.slot_bytes * slots)
         for k in range(slots):
-            self._free.append(SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes))
+            ref = SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes - CLAIM_BYTES)
+            self._free.append(ref)
 
     @property
     def total_bytes(self) -> int:
@@ -212,6 +218,19 @@ class SlotArena:
             seg.close()
         else:
             self._free.append(ref)
+
+    def memory(self, ref: SlotRef) -> mmap.mmap:
+        """The main process's map of the segment holding ``ref`` (for its claim word)."""
+        return self._segments[ref.segment].mm
+
+    def writable(self, ref: SlotRef) -> np.ndarray:
+        """The whole segment holding ``ref`` as a writable uint8 array, for a batch built in the
+        main process (the slot starts at ``ref.offset``). Made once per segment and dropped
+        when the segment closes."""
+        seg = self._segments[ref.segment]
+        if seg.array is None:
+            seg.array = np.frombuffer(seg.mm, dtype=np.uint8)
+        return seg.array
 
     def export(self, ref: SlotRef, nbytes: int) -> np.ndarray:
         """A writable uint8 array over the first ``nbytes`` of the slot; the slot is freed when

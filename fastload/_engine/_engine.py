@@ -4,6 +4,8 @@ Batches are tasks with sequence numbers; results come back in any order and leav
 through the reorder buffer. A worker that dies has its unfinished tasks re-dispatched to a fresh
 worker, so each batch is delivered exactly once, in order; a batch that keeps killing workers
 ends the epoch with :class:`~fastload.errors.WorkerCrashedError` instead of respawning forever.
+Where the codec can, the main process builds a task no worker has started instead of waiting
+for it (:meth:`Engine.help`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from fastload._engine._worker import EXHAUSTED, FAILED, OK, Resume, WorkerFailur
 from fastload.errors import LoaderTimeoutError, WorkerCrashedError
 
 DONE = -1  # get(): nothing left in flight
+#: What :meth:`Codec.take_over` returns for a task it took but cannot build in the main process
+#: (the worker's builder will, and say what is wrong): the engine sends it again.
+RESEND = object()
 MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
 _WAIT_S = 1.0  # longest single wait; every wait re-checks worker liveness through sentinels
 
@@ -46,9 +51,19 @@ class Codec(Protocol):
     def result_message(self, data: bytes) -> Any:
         """A worker's reply from its bytes (the inverse of what the worker's builder wrote)."""
 
+    #: Whether :meth:`take_over` can ever take a task.
+    takes_over: bool
+
+    def take_over(self, index: Any) -> Any:
+        """Build the task in the main process if its worker has not started it (its worker then
+        drops it): ``None`` when not taken, else the payload a worker would have sent, or
+        ``RESEND`` (taken, but a worker must build it)."""
+
 
 class GenericCodec:
     """The generic path: the payload is the batch itself."""
+
+    takes_over = False
 
     def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
         return payload, None
@@ -64,6 +79,9 @@ class GenericCodec:
 
     def result_message(self, data: bytes) -> Any:
         return loads(data)
+
+    def take_over(self, index: Any) -> Any:
+        return None
 
 
 def describe_indices(index: Any, limit: int = 16) -> str:
@@ -141,6 +159,7 @@ class Engine:
         self.read_s = [0.0] * num_workers  # of those, seconds in read_batch (fast path only)
         self.busy_total_s = 0.0  # all workers' busy seconds, retired ones included
         self.retries = 0  # tasks re-dispatched after their worker died
+        self.main_batches = 0  # batches the main process built itself (help)
         self._closed = False
         self._max_tasks_per_worker = max_tasks // num_workers
         self._pool = WorkerPool(
@@ -193,6 +212,40 @@ class Engine:
     def _send(self, wid: int, task: Task) -> None:
         self._dispatch.assign(wid, task)
         self._pool.send(wid, self._codec.task_message(self.epoch, task.seq, task.index))
+
+    @property
+    def helps(self) -> bool:
+        """Whether :meth:`help` can ever build a batch (the codec takes tasks over)."""
+        return self._codec.takes_over
+
+    def help(self) -> bool:
+        """Build here the oldest task in flight that no worker has started, instead of waiting
+        for it (for a caller about to block). ``True`` when a task was taken: built (it is then
+        in the reorder buffer, as if its worker had sent it), or sent again to be built by a
+        worker (one this process cannot build, or an oversize one, with a bigger slot)."""
+        codec = self._codec
+        for wid, task in self._dispatch.held():
+            payload = codec.take_over(task.index)
+            if payload is None:
+                continue
+            self._dispatch.complete(task.seq)
+            if payload is RESEND:
+                self._send(wid, task)
+            else:
+                self.main_batches += 1
+                self._accept(wid, task, payload)
+            return True
+        return False
+
+    def _accept(self, wid: int, task: Task, payload: Any) -> None:
+        """A task's batch was built (by worker ``wid`` or for it): queue it for delivery, or
+        send the task to ``wid`` again when the codec asks for another try."""
+        again = self._codec.retry(task.index, payload)
+        if again is None:
+            self._reorder.push(task.seq, (OK, task, payload))
+        else:
+            task.index = again
+            self._send(wid, task)
 
     def get(self, refill: Callable[[], None]) -> tuple[int, Any, Any]:
         """The next result in order: ``(OK, batch, counts)``, ``(FAILED, exception, None)`` for a
@@ -283,12 +336,7 @@ class Engine:
             self._codec.drop(task.index)
             self._reorder.push(seq, (FAILED, task, payload))
         else:
-            again = self._codec.retry(task.index, payload)
-            if again is None:
-                self._reorder.push(seq, (OK, task, payload))
-            else:
-                task.index = again
-                self._send(wid, task)
+            self._accept(wid, task, payload)
 
     def _on_death(self, wid: int, died: WorkerDied) -> None:
         for key in [k for k, (owner, _) in self._stale.items() if owner == wid]:

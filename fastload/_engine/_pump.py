@@ -8,7 +8,9 @@ Two drivers of one state machine:
   task and takes what the workers have finished. No second thread competes for the GIL: on two
   cores that contention cost more than the work (measured with 2 workers and a consumer that
   only takes batches of 64: 111 µs of the main process's CPU per batch with the thread, 61 µs
-  inline; 460k against 640k samples/s).
+  inline; 460k against 640k samples/s). Where nothing has arrived and the engine can help,
+  ``next()`` builds a task no worker has started itself instead of blocking
+  (:meth:`~fastload._engine._engine.Engine.help`).
 * **Threaded** (the consumer steps slowly, over ``SLOW_STEP_S``: a GPU step, a sleep): the
   thread ``fastload-pump`` does the same work while the consumer is away, so ``next()`` only
   takes a finished batch off a queue. After a long step everything the consumer touches is cold
@@ -126,6 +128,8 @@ class Pump:
         for fd in (self._wake_r, self._wake_w):
             os.set_blocking(fd, False)
         self._inline_poll: tuple[int, list[int], select.poll] | None = None
+        self._helps = engine.helps  # next() builds rather than block, where it can
+        self._waiting = False  # the consumer is blocked on _cond (threaded)
         self._thread = threading.Thread(target=self._run, name="fastload-pump", daemon=True)
         self._started = False
         self._cpus = allowed_cpus()  # the thread starts on the consumer's CPU, then gets these
@@ -212,9 +216,15 @@ class Pump:
                 return self._ready.popleft()
             if self._granted > self._used:
                 self._wake()
-            deadline = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
-            blocked_at = time.perf_counter()
-            while not self._ready:
+        deadline = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
+        while True:
+            # Nothing is ready: build a batch no worker has started rather than wait for one.
+            helped = self._helps and self._help()
+            with self._cond:
+                if self._ready:
+                    return self._ready.popleft()
+                if helped:
+                    continue
                 if not self._thread.is_alive():
                     raise RuntimeError("the DataLoader's engine thread stopped unexpectedly")
                 wait_s = 1.0
@@ -224,9 +234,13 @@ class Pump:
                         raise LoaderTimeoutError(
                             f"DataLoader timed out after {self._timeout_s} seconds"
                         )
+                blocked_at = time.perf_counter()
+                self._waiting = True  # the thread wakes us when it sends a task we could build
                 self._cond.wait(min(wait_s, 1.0))
-            self.waited_s += time.perf_counter() - blocked_at
-            return self._ready.popleft()
+                self._waiting = False
+                self.waited_s += time.perf_counter() - blocked_at
+                if self._ready:
+                    return self._ready.popleft()
 
     def _get_inline(self) -> tuple[int, Any, Any]:
         """Drive the engine on this thread until the next item is ready: send what the grants
@@ -253,16 +267,44 @@ class Pump:
                 if left <= 0:
                     raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout_s} seconds")
                 wait_ms = min(wait_ms, max(1, int(left * 1000)))
-            blocked_at = time.perf_counter()
-            try:
-                ready = self._inline_poller(generation, fds).poll(wait_ms)
-            except InterruptedError:
-                ready = []
-            self.waited_s += time.perf_counter() - blocked_at
+            poller = self._inline_poller(generation, fds)
+            ready = []
+            if self._helps:
+                # Nothing has arrived yet: rather than block, build a batch no worker has
+                # started (the next one, or one after it while a worker builds the next).
+                with contextlib.suppress(InterruptedError):
+                    ready = poller.poll(0)
+                if not ready and self._help():
+                    continue
+            if not ready:
+                blocked_at = time.perf_counter()
+                try:
+                    ready = poller.poll(wait_ms)
+                except InterruptedError:
+                    ready = []
+                self.waited_s += time.perf_counter() - blocked_at
             if ready:
                 with self.lock:
                     if not self._halted:
                         self._guarded(self._collect, ready, generation)
+
+    def _help(self) -> bool:
+        """Build, on the consumer's thread, a batch no worker has started
+        (:meth:`Engine.help`), and queue what may now be delivered; ``True`` when a task was
+        taken (or the attempt raised: the error is queued)."""
+        with self.lock:
+            if self._halted or self._stop:
+                return False
+            try:
+                helped = self._engine.help()
+            except BaseException as exc:  # as _guarded: the consumer raises it
+                self._halt(exc)
+                return True
+            if helped:
+                self._guarded(self._collect, None, -1)  # and whatever arrived meanwhile
+            else:
+                self._helps = self._engine.helps  # it may have found it never can
+            return helped
 
     def _inline_poller(self, generation: int, fds: list[int]) -> select.poll:
         cached = self._inline_poll
@@ -393,6 +435,9 @@ class Pump:
                 self._spent = True
             else:
                 engine.put(index)
+                if self._waiting:  # a consumer blocked in next() may build this one
+                    with self._cond:
+                        self._cond.notify()
         if self._spent:
             self._finish_if_done()
 

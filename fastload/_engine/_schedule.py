@@ -93,6 +93,12 @@ class Dispatcher:
         tasks.remove(task)
         return task
 
+    def held(self) -> list[tuple[int, Task]]:
+        """Every task in flight as ``(worker id, task)``, oldest sequence number first."""
+        held = [(wid, task) for wid, book in enumerate(self._books) for task in book.tasks]
+        held.sort(key=lambda pair: pair[1].seq)
+        return held
+
     def holds(self, seq: int) -> bool:
         return seq in self._holder
 

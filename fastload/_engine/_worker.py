@@ -177,6 +177,8 @@ def worker_main(
                 reply: tuple[Any, ...] = (task_epoch, seq, FAILED, failure, 0.0, None)
                 init_failure = None
             else:
+                if builder is not None and not builder.claim(index):
+                    continue  # the main process built it while waiting (see _claims.py)
                 progress[spec.worker_id] = seq
                 started = time.perf_counter()
                 kind, payload = _build(spec, fetcher, index)

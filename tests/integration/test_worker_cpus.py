@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _procs import wait_until
 from _token_files import write_token_file
 from _user_readers import UserReader
 
@@ -59,10 +60,13 @@ def _everywhere(worker_id: int) -> None:
 def test_fast_path_workers_run_off_the_consumers_cpu_and_generic_ones_anywhere(h5: Path) -> None:
     allowed = os.sched_getaffinity(0)
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
-    for _ in range(2):  # one batch from each worker: both have started
+    for _ in range(2):
         next(it)
     confined = it._cores.worker_cpus
     assert confined is not None and len(confined) == len(allowed) - 1 and confined < allowed
+    # Each worker places itself as it starts (the main process may have built the first batches
+    # before one had: see _engine/_claims.py).
+    wait_until(lambda: _cpus(it.worker_pids) == [set(confined)] * 2)
     assert _cpus(it.worker_pids) == [set(confined)] * 2
     assert sum(len(b["lengths"]) for b in it) == N - 16
     generic = iter(fastload.DataLoader(torch.arange(40), batch_size=8, num_workers=2))

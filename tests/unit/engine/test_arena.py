@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fastload._engine._arena import SlotArena, WorkerSlots
+from fastload._engine._claims import CLAIM_BYTES
 from fastload.errors import SharedMemoryError
 
 MiB = 2**20
@@ -66,11 +67,19 @@ def test_on_release_is_called_after_a_collected_slot_is_free_again() -> None:
 
 
 def test_growth_stops_at_max_bytes_with_a_clear_error() -> None:
-    arena = SlotArena(slot_bytes=MiB, slots=2, max_bytes=3 * MiB)
+    arena = SlotArena(slot_bytes=MiB - CLAIM_BYTES, slots=2, max_bytes=3 * MiB)  # 1 MiB apart
     held = [arena.export(arena.reserve(), 8) for _ in range(3)]
     with pytest.raises(SharedMemoryError, match="in use, 3 of them by batches the consumer"):
         arena.reserve()
     del held
+    arena.close()
+
+
+def test_a_slot_holds_what_was_asked_for_and_its_claim_word_after_it() -> None:
+    arena = _arena()
+    first, second = arena.reserve(), arena.reserve()
+    assert first.capacity >= 10_000 and first.capacity % 64 == 0
+    assert first.offset + first.capacity + CLAIM_BYTES == second.offset == arena.slot_bytes
     arena.close()
 
 
