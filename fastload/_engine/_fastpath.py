@@ -159,8 +159,8 @@ class SlotBuilder:
         self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
         self._slots = WorkerSlots(main_pid)
         self._read: Any = None  # looked up on the first build, in the worker
-        self._express: _Express | None = None  # one-call builds, when the first build allows
-        self._express_tried = False
+        self._express: _Express | None = None  # one-call builds, where they apply
+        self._express_tried = False  # decided at the first build, in the worker
 
     def _reader(self) -> Any:
         # fastload's readers can leave mapped samples in place for the padding to gather from.
@@ -201,6 +201,9 @@ class SlotBuilder:
         return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
 
     def build(self, task: SlotTask) -> SlotBatch | Oversize:
+        if not self._express_tried:  # the first build: may it, and all after it, be one call?
+            self._express_tried = True
+            self._express = express_builder(self.dataset, self.collate)
         if self._express is not None:
             try:
                 built = self._express.build(task, self._slots.segment(task.slot))
@@ -244,9 +247,6 @@ class SlotBuilder:
                 self._slots.forget(task.slot.segment)
         objects = {k: v for k, v in columnar.items() if isinstance(v, list)} or None
         counts = getattr(prepared, "counts", None)
-        if not self._express_tried:  # this batch went the general way: may the next ones not?
-            self._express_tried = True
-            self._express = _Express.attempt(self.dataset, self.collate, columnar)
         described = tuple([(n, off, shape, dt.str) for n, off, shape, dt in arrays])
         return SlotBatch(described, objects, nbytes, counts)
 
@@ -284,34 +284,6 @@ class _Express:
         self._elem = tuple(values.shape[1:])
         self.last_s = 0.0
 
-    @staticmethod
-    def attempt(dataset: Any, collate: Any, columnar: Any) -> _Express | None:
-        """The express builder for batches like ``columnar`` (the first batch, built the
-        general way), or ``None`` where it does not apply."""
-        if _kernels._native is None or getattr(type(collate), "_prepare", None) is not PadCollate._prepare:
-            return None
-        if in_place_reader(dataset) is None:  # it reads the map as _read_batch_in_place does
-            return None
-        if len(columnar) != 1 or not isinstance(next(iter(columnar.values())), Spans):
-            return None
-        mapped = getattr(dataset, "_mapped_ragged", None)
-        found = mapped() if mapped is not None else None
-        if found is None:
-            return None
-        name, values, offsets = found
-        column = columnar.get(name)
-        if column is None or column.source.dtype != values.dtype:
-            return None
-        if not (values.flags.c_contiguous and offsets.flags.c_contiguous):
-            return None
-        single = collate._single_field(name, column)
-        codes = _kernels.NATIVE_TYPES
-        if single is None or single.rule.mask_name is None:
-            return None
-        if any(d not in codes for d in (values.dtype, single.rule.dtype, single.mask_dtype)):
-            return None
-        return _Express(name, values, offsets, single)
-
     def build(self, task: SlotTask, segment: np.ndarray) -> SlotBatch | Oversize | None:
         started = time.perf_counter()
         slot = task.slot
@@ -336,16 +308,29 @@ class _Express:
 
 
 def express_builder(dataset: Any, collate: Any) -> _Express | None:
-    """The one-call builder for ``dataset``'s batches padded by ``collate``, judged from the
-    dataset alone (for the main process, which builds no batch the general way first), or
-    ``None`` where one-call builds do not apply. Maps the file in this process."""
+    """The one-call builder for ``dataset``'s batches padded by ``collate``, or ``None`` where
+    one-call builds do not apply: judged from the dataset alone (its in-place reads would give
+    ``Spans`` over the very arrays ``_mapped_ragged`` returns). Maps the file in this
+    process."""
+    if _kernels._native is None or getattr(type(collate), "_prepare", None) is not PadCollate._prepare:
+        return None
+    if in_place_reader(dataset) is None:  # it reads the map as _read_batch_in_place does
+        return None
     mapped = getattr(dataset, "_mapped_ragged", None)
     found = mapped() if mapped is not None else None
     if found is None:
         return None
-    name, values, _ = found
+    name, values, offsets = found
+    if not (values.flags.c_contiguous and offsets.flags.c_contiguous):
+        return None
     none = np.zeros(0, np.int64)
-    return _Express.attempt(dataset, collate, {name: Spans(values, none, none)})
+    single = collate._single_field(name, Spans(values, none, none))
+    codes = _kernels.NATIVE_TYPES
+    if single is None or single.rule.mask_name is None:
+        return None
+    if any(d not in codes for d in (values.dtype, single.rule.dtype, single.mask_dtype)):
+        return None
+    return _Express(name, values, offsets, single)
 
 
 class SlotCodec:

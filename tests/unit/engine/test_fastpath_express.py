@@ -224,3 +224,19 @@ def test_where_one_call_builds_do_not_apply_the_main_process_stops_trying(tmp_pa
     assert codec.take_over(task) is None
     assert codec.takes_over is False
     arena.close()
+
+
+def test_every_batch_from_the_first_on_is_a_one_call_build(tmp_path: Path) -> None:
+    ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5"))
+    general_reads: list[Any] = []
+    read_in_place = ds._read_batch_in_place
+
+    def counted(indices: Any) -> Any:
+        general_reads.append(indices)
+        return read_in_place(indices)
+
+    ds._read_batch_in_place = counted  # type: ignore[method-assign]
+    built = _build(ds, fastload.PadCollate(), PLANS, express=True)
+    assert built[-1][0] is True
+    assert all(isinstance(b, SlotBatch) for b, _ in built[:-1])
+    assert general_reads == []  # not even the first batch went the general way
