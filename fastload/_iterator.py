@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import time
@@ -25,12 +24,14 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from fastload._collate import PadCollate
 from fastload._device import DevicePrefetcher, cuda_available, cuda_device, page_lock, pin_tree
 from fastload._engine import DONE, FAILED, Engine, WorkerSpec, make_fetcher
 from fastload._engine._arena import SlotArena, available_memory_bytes
 from fastload._engine._cores import CONFINE, RELEASE, ConsumerCore
-from fastload._engine._fastpath import SlotBuilder, SlotCodec, express_builder, slot_bytes_bound
+from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
 from fastload._engine._pump import ERROR, Pump, end_marker
+from fastload._formats import ArrowDataset, HDF5Dataset
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter, available_cores
 from fastload.errors import FastloadError
 
@@ -64,14 +65,28 @@ def fast_path_collate(loader: Any) -> Any:
     return collate
 
 
+#: The readers whose every read is a function of the files and options alone, whichever
+#: process reads (a subclass may read otherwise).
+_OWN_READERS = (HDF5Dataset, ArrowDataset)
+
+
 def _main_builder(loader: Any, collate: Any) -> Any:
-    """What makes the one-call builder with which the main process may build a batch itself
-    while it would wait for a worker (see ``_engine/_claims.py``), or ``None``. Not with a
-    ``worker_init_fn``: it may change what a worker's dataset reads, and the main process's
-    copy would not follow."""
-    if loader.worker_init_fn is not None or len(loader.dataset) == 0:
+    """What makes, given the arena, the builder with which the main process may build a batch
+    itself while it would wait for a worker (see ``_engine/_claims.py``), or ``None``: for
+    one-call builds, and for any batch of fastload's own readers padded by a plain
+    ``PadCollate`` (the same bytes wherever they are built). Never with a ``worker_init_fn``:
+    it may change what a worker's dataset reads, and the main process's copy would not
+    follow."""
+    dataset = loader.dataset
+    if loader.worker_init_fn is not None or len(dataset) == 0:
         return None
-    return functools.partial(express_builder, loader.dataset, collate)
+    general = type(dataset) in _OWN_READERS and type(collate) is PadCollate
+
+    def make(arena: SlotArena) -> SlotBuilder | None:
+        builder = SlotBuilder(dataset, collate, os.getpid(), slots=arena)
+        return builder if general or builder.one_call() else None
+
+    return make
 
 
 def _plan_rows_and_tokens(loader: Any) -> tuple[int | None, int | None]:

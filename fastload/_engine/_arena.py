@@ -223,14 +223,18 @@ class SlotArena:
         """The main process's map of the segment holding ``ref`` (for its claim word)."""
         return self._segments[ref.segment].mm
 
-    def writable(self, ref: SlotRef) -> np.ndarray:
+    def segment(self, ref: SlotRef) -> np.ndarray:
         """The whole segment holding ``ref`` as a writable uint8 array, for a batch built in the
-        main process (the slot starts at ``ref.offset``). Made once per segment and dropped
-        when the segment closes."""
+        main process (the slot starts at ``ref.offset``); as :meth:`WorkerSlots.segment`, so
+        that a builder takes either. Made once per segment and dropped when the segment
+        closes."""
         seg = self._segments[ref.segment]
         if seg.array is None:
             seg.array = np.frombuffer(seg.mm, dtype=np.uint8)
         return seg.array
+
+    def forget(self, segment: int) -> None:
+        """As :meth:`WorkerSlots.forget`: nothing to do, the arena owns its segments."""
 
     def export(self, ref: SlotRef, nbytes: int) -> np.ndarray:
         """A writable uint8 array over the first ``nbytes`` of the slot; the slot is freed when

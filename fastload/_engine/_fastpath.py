@@ -151,13 +151,14 @@ def in_place_reader(dataset: Any) -> Any:
 
 class SlotBuilder:
     """Runs in a worker: builds one batch into its slot (the worker's ``fetcher``), and reads
-    and writes the two per-batch messages in their binary form."""
+    and writes the two per-batch messages in their binary form. In the main process, given the
+    arena as ``slots``, it builds the batches the main process takes over."""
 
-    def __init__(self, dataset: Any, collate: Any, main_pid: int) -> None:
+    def __init__(self, dataset: Any, collate: Any, main_pid: int, slots: Any = None) -> None:
         self.dataset = dataset
         self.collate = collate
         self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
-        self._slots = WorkerSlots(main_pid)
+        self._slots: WorkerSlots | SlotArena = WorkerSlots(main_pid) if slots is None else slots
         self._read: Any = None  # looked up on the first build, in the worker
         self._express: _Express | None = None  # one-call builds, where they apply
         self._express_tried = False  # decided at the first build, in the worker
@@ -200,10 +201,16 @@ class SlotBuilder:
         )  # fmt: skip
         return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
 
-    def build(self, task: SlotTask) -> SlotBatch | Oversize:
-        if not self._express_tried:  # the first build: may it, and all after it, be one call?
+    def one_call(self) -> bool:
+        """Whether this builder's batches are one-call builds (judged once, at first asked)."""
+        if not self._express_tried:
             self._express_tried = True
             self._express = express_builder(self.dataset, self.collate)
+        return self._express is not None
+
+    def build(self, task: SlotTask) -> SlotBatch | Oversize:
+        if not self._express_tried:  # the first build: may it, and all after it, be one call?
+            self.one_call()
         if self._express is not None:
             try:
                 built = self._express.build(task, self._slots.segment(task.slot))
@@ -337,17 +344,20 @@ class SlotCodec:
     """Runs in the main process: reserves slots for tasks and turns descriptors into tensors
     that view the slot (the engine's codec).
 
-    With ``main_builder`` (what makes the one-call builder for this loader's batches in the main
-    process, or ``None`` where they do not apply) it can also take over a task no worker has
-    started (:meth:`take_over`): each task sent into a regular slot then carries a new claim
-    ticket (``_claims.py``). The builder is made when first needed, while ``next()`` would wait
-    (it opens the file in this process: 0.3-0.6 ms here), not when the iterator starts."""
+    With ``main_builder`` (what makes, given the arena, a :class:`SlotBuilder` for this
+    loader's batches in the main process, or ``None`` where the main process may not build
+    them) it can also take over a task no worker has started (:meth:`take_over`): each task
+    sent into a regular slot then carries a new claim ticket (``_claims.py``). The builder is
+    made when first needed, while ``next()`` would wait (it opens the file in this process:
+    0.3-0.6 ms here), not when the iterator starts."""
 
-    def __init__(self, arena: SlotArena, main_builder: Callable[[], _Express | None] | None = None) -> None:
+    def __init__(
+        self, arena: SlotArena, main_builder: Callable[[SlotArena], SlotBuilder | None] | None = None
+    ) -> None:
         self.arena = arena
         self.oversize_batches = 0  # batches that needed a temporary slot
         self._make_builder = main_builder if claims.available() else None
-        self._builder: _Express | None = None
+        self._builder: SlotBuilder | None = None
         #: Whether :meth:`take_over` may take a task (``False`` for good once the builder
         #: turns out not to apply).
         self.takes_over = self._make_builder is not None
@@ -372,29 +382,26 @@ class SlotCodec:
     def take_over(self, index: SlotTask) -> Any:
         """Build the task here if no worker has started it: ``None`` when not taken (its worker
         has it, or it takes no part in claims), else what a worker would have sent (a
-        :class:`SlotBatch`, or :class:`Oversize`), or ``RESEND`` where the one-call build
-        refuses it (an index out of range, say: the worker's builder says what is wrong). Once
-        taken, its worker drops it unread."""
+        :class:`SlotBatch`, or :class:`Oversize`), or ``RESEND`` where building it raised (an
+        index out of range, say: a worker builds it again and says what is wrong, in its own
+        words and its turn). Once taken, its worker drops it unread."""
         slot = index.slot
         if not index.ticket or not self.takes_over:
             return None
         builder = self._builder
         if builder is None:
             assert self._make_builder is not None
-            builder = self._builder = self._make_builder()
+            builder = self._builder = self._make_builder(self.arena)
             if builder is None:
                 self.takes_over = False  # tasks sent so far are claimed by their workers
                 return None
         if not claims.claim(self.arena.memory(slot), slot.offset + slot.capacity, index.ticket, claims.MAIN):
             return None
         try:
-            built = builder.build(index, self.arena.writable(slot))
-        except Exception:  # unexpected here; the worker's build says what is wrong, as without us
-            built = None
-        if built is None:
+            return builder.build(index)
+        except Exception:  # a worker builds it again and says what is wrong, as without us
             index.claimable = False  # sent again with ticket 0: a worker builds it, whatever
             return RESEND
-        return built
 
     def result_message(self, data: bytes) -> Any:
         if data[:1] == _PICKLE:  # is_pickle(), without the call: this runs once per batch

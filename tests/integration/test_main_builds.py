@@ -1,7 +1,8 @@
 """While ``next()`` would wait, the main process builds a fast-path batch no worker has started
 (``_engine/_claims.py``): every batch still arrives exactly once and in order, a worker drops
-a task the main process took without touching its slot, and only one-call builds, with no
-``worker_init_fn``, are ever made in the main process.
+a task the main process took without touching its slot, and the main process builds only what
+it would build exactly as a worker does (one-call builds; fastload's own readers padded by a
+plain ``PadCollate``), never with a ``worker_init_fn``.
 
 The workers are stopped (SIGSTOP) between two epochs of a persistent loader, so that the main
 process must build everything the next epoch asks for while their task pipes fill up.
@@ -23,6 +24,7 @@ import torch
 import torch.utils.data
 from _procs import alive, wait_until
 from _token_files import write_token_file
+from _user_readers import UserReader
 
 import fastload
 from fastload._engine import _claims as claims
@@ -60,13 +62,8 @@ def _same(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
 
 def _loader(path: Path, plan: Any, **options: Any) -> fastload.DataLoader:
     options.setdefault("collate_fn", _collate())
-    return fastload.DataLoader(
-        fastload.HDF5Dataset(path, fields=options.pop("fields", ["tokens"])),
-        batch_sampler=plan,
-        num_workers=2,
-        persistent_workers=True,
-        **options,
-    )
+    dataset = options.pop("dataset", None) or fastload.HDF5Dataset(path, fields=options.pop("fields", ["tokens"]))
+    return fastload.DataLoader(dataset, batch_sampler=plan, num_workers=2, persistent_workers=True, **options)
 
 
 @contextlib.contextmanager
@@ -92,10 +89,11 @@ def _continue_later(pids: list[int], after_s: float) -> threading.Timer:
     return timer
 
 
-def test_with_its_workers_stopped_the_main_process_builds_every_batch_in_order(h5: Path) -> None:
+@pytest.mark.parametrize("fields", [["tokens"], None], ids=["one-call", "general"])
+def test_with_its_workers_stopped_the_main_process_builds_every_batch_in_order(h5: Path, fields: list[str] | None) -> None:
     plan = _plan()
-    loader = _loader(h5, plan)
-    want = _reference(h5, plan, ["tokens"])
+    loader = _loader(h5, plan, fields=fields)
+    want = _reference(h5, plan, fields)
     _same(list(loader), want)
     pids = loader._iterator.worker_pids
     before = loader.stats().main_batches
@@ -205,13 +203,20 @@ def test_an_oversize_batch_the_main_process_took_gets_a_bigger_slot_from_a_worke
     assert loader._iterator._codec.oversize_batches == 2  # once per epoch
 
 
-@pytest.mark.parametrize("case", ["a worker_init_fn", "several fields (general builds)"])
+class _MyPad(fastload.PadCollate):
+    """A collate of the user's own (that it changes nothing is not for fastload to know)."""
+
+
+@pytest.mark.parametrize("case", ["a worker_init_fn", "a reader of the user's own", "a PadCollate subclass"])
 def test_the_main_process_builds_nothing_where_it_could_differ_from_a_worker(h5: Path, case: str) -> None:
     options: dict[str, Any] = {"timeout": 0.5}
     if case == "a worker_init_fn":
         options["worker_init_fn"] = _init
+    elif case == "a reader of the user's own":
+        options["dataset"] = UserReader(h5)
     else:
-        options["fields"] = None  # tokens and label: the workers' general builds
+        options["fields"] = None  # the general builds, which a subclass may plan otherwise
+        options["collate_fn"] = _MyPad(dtype=torch.int64)
     plan = _plan()
     loader = _loader(h5, plan, **options)
     list(loader)

@@ -22,7 +22,6 @@ from fastload._engine._fastpath import (
     SlotBuilder,
     SlotCodec,
     SlotTask,
-    express_builder,
     slot_bytes_bound,
 )
 
@@ -183,7 +182,7 @@ def test_the_main_process_takes_over_a_task_nobody_started_and_its_worker_then_d
     ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5"))
     collate = fastload.PadCollate(dtype=torch.int64)
     arena = SlotArena(slot_bytes=slot_bytes_bound(collate, ds.fields, ds.lengths, rows=8, max_tokens=None), slots=4, max_bytes=1 << 26)
-    codec = SlotCodec(arena, lambda: express_builder(ds, collate))
+    codec = SlotCodec(arena, lambda slots: SlotBuilder(ds, collate, os.getpid(), slots=slots))
     worker = SlotBuilder(ds, collate, os.getpid())  # reads the messages as a worker would
 
     def send(indices: list[int], seq: int) -> tuple[SlotTask, SlotTask]:
@@ -205,7 +204,7 @@ def test_the_main_process_takes_over_a_task_nobody_started_and_its_worker_then_d
     assert worker.claim(started_seen)  # a worker has it: the main process leaves it
     assert codec.take_over(started) is None
 
-    bad, bad_seen = send([2, N + 3], 3)  # the one-call build refuses an index out of range
+    bad, bad_seen = send([2, N + 3], 3)  # an index out of range: building it raises
     assert codec.take_over(bad) is RESEND and not bad.claimable
     _, _, again = worker.task_message(codec.task_message(0, 3, bad))
     assert again.ticket == 0 and not worker.claim(bad_seen) and worker.claim(again)
@@ -213,11 +212,16 @@ def test_the_main_process_takes_over_a_task_nobody_started_and_its_worker_then_d
     arena.close()
 
 
-def test_where_one_call_builds_do_not_apply_the_main_process_stops_trying(tmp_path: Path) -> None:
+def test_where_the_main_process_may_not_build_it_stops_trying(tmp_path: Path) -> None:
     ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5", label=True))  # two fields
     collate = fastload.PadCollate()
+
+    def one_call_only(slots: SlotArena) -> SlotBuilder | None:
+        builder = SlotBuilder(ds, collate, os.getpid(), slots=slots)
+        return builder if builder.one_call() else None
+
     arena = SlotArena(slot_bytes=1 << 16, slots=2, max_bytes=1 << 24)
-    codec = SlotCodec(arena, lambda: express_builder(ds, collate))
+    codec = SlotCodec(arena, one_call_only)
     assert codec.takes_over is claims.available()
     task = codec.task([1, 2])
     codec.task_message(0, 0, task)
