@@ -124,6 +124,8 @@ class LoaderStats:
         busy = self.mean_worker_busy
         workers = f"{self.num_workers} workers"
         parts.append(workers if busy is None else f"{workers} busy {busy * 100:.0f} %")
+        if self.main_batches:
+            parts.append(f"{self.main_batches:,} batches built by the main process")
         if self.diagnosis:
             parts.append(self.diagnosis)
         return " | ".join(parts)
