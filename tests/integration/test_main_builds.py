@@ -66,6 +66,16 @@ def _loader(path: Path, plan: Any, **options: Any) -> fastload.DataLoader:
     return fastload.DataLoader(dataset, batch_sampler=plan, num_workers=2, persistent_workers=True, **options)
 
 
+def _after_an_epoch(path: Path, plan: Any, fields: list[str] | None = None) -> tuple[fastload.DataLoader, list[dict[str, Any]], list[int]]:
+    """A persistent loader (of ``fields``, by default the token field alone: one-call builds)
+    that has run one epoch, checked; the reference batches; its workers' pids."""
+    fields = ["tokens"] if fields is None else fields
+    loader = _loader(path, plan, fields=fields)
+    want = _reference(path, plan, fields)
+    _same(list(loader), want)
+    return loader, want, loader._iterator.worker_pids
+
+
 @contextlib.contextmanager
 def _stopped(pids: list[int]) -> Iterator[None]:
     for pid in pids:
@@ -89,13 +99,10 @@ def _continue_later(pids: list[int], after_s: float) -> threading.Timer:
     return timer
 
 
-@pytest.mark.parametrize("fields", [["tokens"], None], ids=["one-call", "general"])
+@pytest.mark.parametrize("fields", [["tokens"], ["tokens", "label"]], ids=["one-call", "general"])
 def test_with_its_workers_stopped_the_main_process_builds_every_batch_in_order(h5: Path, fields: list[str] | None) -> None:
     plan = _plan()
-    loader = _loader(h5, plan, fields=fields)
-    want = _reference(h5, plan, fields)
-    _same(list(loader), want)
-    pids = loader._iterator.worker_pids
+    loader, want, pids = _after_an_epoch(h5, plan, fields)
     before = loader.stats().main_batches
     with _stopped(pids):
         _same(list(loader), want)
@@ -104,11 +111,7 @@ def test_with_its_workers_stopped_the_main_process_builds_every_batch_in_order(h
 
 
 def test_a_worker_never_writes_into_the_slot_of_a_batch_the_main_process_built(h5: Path) -> None:
-    plan = _plan(size=8)
-    loader = _loader(h5, plan)
-    want = _reference(h5, plan, ["tokens"])
-    list(loader)
-    pids = loader._iterator.worker_pids
+    loader, want, pids = _after_an_epoch(h5, _plan(size=8))
     with _stopped(pids):
         held = list(loader)  # built by the main process; each holds its slot
     _same(held, want)
@@ -122,11 +125,7 @@ def test_a_worker_never_writes_into_the_slot_of_a_batch_the_main_process_built(h
 
 
 def test_a_worker_killed_while_the_main_process_builds_loses_nothing(h5: Path) -> None:
-    plan = _plan(size=8)
-    loader = _loader(h5, plan)
-    want = _reference(h5, plan, ["tokens"])
-    list(loader)
-    pids = loader._iterator.worker_pids
+    loader, want, pids = _after_an_epoch(h5, _plan(size=8))
     with _stopped(pids):
         it = iter(loader)
         got = [next(it) for _ in range(3)]
