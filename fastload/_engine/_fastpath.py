@@ -161,7 +161,7 @@ class SlotBuilder:
         self._slots: WorkerSlots | SlotArena = WorkerSlots(main_pid) if slots is None else slots
         self._read: Any = None  # looked up on the first build, in the worker
         self._express: _Express | None = None  # one-call builds, where they apply
-        self._express_tried = False  # decided at the first build, in the worker
+        self._express_tried = False  # decided once, at the first build (or one_call())
 
     def _reader(self) -> Any:
         # fastload's readers can leave mapped samples in place for the padding to gather from.
