@@ -78,7 +78,7 @@ def _main_builder(loader: Any, collate: Any) -> Any:
     it may change what a worker's dataset reads, and the main process's copy would not
     follow."""
     dataset = loader.dataset
-    if loader.worker_init_fn is not None or len(dataset) == 0:
+    if loader.worker_init_fn is not None:
         return None
     general = type(dataset) in _OWN_READERS and type(collate) is PadCollate
 

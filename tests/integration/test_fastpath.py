@@ -125,6 +125,24 @@ def test_a_reader_subclass_that_overrides_read_batch_is_read_through_it(h5: Path
             assert torch.equal(got["tokens"][row, :n], want["tokens"][row, :n].flip(0))
 
 
+class _NoLen(torch.utils.data.Dataset):
+    """``read_batch`` and ``lengths`` but no ``__len__``: its batches come from a plan."""
+
+    def __init__(self, path: Path) -> None:
+        self.inner = fastload.HDF5Dataset(path, fields=["tokens"])
+        self.lengths, self.fields = self.inner.lengths, self.inner.fields
+
+    def read_batch(self, indices: Any) -> Any:
+        return self.inner.read_batch(indices)
+
+
+def test_a_dataset_without_len_takes_the_fast_path_with_workers(h5: Path) -> None:
+    plan = _plan()[:5]
+    loader = fastload.DataLoader(_NoLen(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate())
+    for a, b in zip(loader, _reference(h5, plan, ["tokens"]), strict=True):
+        _same(a, b)
+
+
 @pytest.mark.parametrize("options", [{"length_grouped": True, "batch_size": 16}, {"max_tokens": 600}])
 def test_length_grouped_fast_path_covers_the_epoch_once(h5: Path, options: dict[str, Any]) -> None:
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), num_workers=2, collate_fn=_collate(), **options)
