@@ -50,6 +50,12 @@ class SlotRef(NamedTuple):
     capacity: int  # the bytes a batch may use (a regular slot's claim word follows them)
     temporary: bool = False  # a one-off slot for an oversize batch: unmapped after use
 
+    @property
+    def claim_at(self) -> int:
+        """Where in its segment the slot's claim word lies (``_claims.py``): right after the
+        bytes a batch may use."""
+        return self.offset + self.capacity
+
 
 def available_memory_bytes() -> int | None:
     """``MemAvailable`` from /proc/meminfo, or ``None`` where it cannot be read."""

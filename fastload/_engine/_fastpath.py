@@ -185,7 +185,7 @@ class SlotBuilder:
             return True
         slot = task.slot
         segment = self._slots.segment(slot)
-        return claims.claim(segment, slot.offset + slot.capacity, task.ticket, claims.WORKER)
+        return claims.claim(segment, slot.claim_at, task.ticket, claims.WORKER)
 
     @staticmethod
     def result_bytes(reply: tuple[Any, ...]) -> bytes:
@@ -374,7 +374,7 @@ class SlotCodec:
             # read yet finds its claim failing (``_claims.py``).
             self._tickets += 1
             index.ticket = self._tickets
-            claims.post(self.arena.memory(slot), slot.offset + slot.capacity, index.ticket)
+            claims.post(self.arena.memory(slot), slot.claim_at, index.ticket)
         else:
             index.ticket = 0
         return _TASK.pack(b"T", epoch, seq, *slot, index.ticket) + index.raw
@@ -395,7 +395,7 @@ class SlotCodec:
             if builder is None:
                 self.takes_over = False  # tasks sent so far are claimed by their workers
                 return None
-        if not claims.claim(self.arena.memory(slot), slot.offset + slot.capacity, index.ticket, claims.MAIN):
+        if not claims.claim(self.arena.memory(slot), slot.claim_at, index.ticket, claims.MAIN):
             return None
         try:
             return builder.build(index)
