@@ -50,6 +50,7 @@ from fastload._engine._worker import WorkerSpec, worker_main
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
 _CLOSED = -1  # a pipe end that is not open (no worker, or closed)
+_REAPABLE_S = 0.1  # how long a worker whose sentinel fired may take to become reapable
 
 
 class WorkerDied:
@@ -238,7 +239,12 @@ class WorkerPool:
         for wid in dead:
             events.extend((wid, m) for m in self._drain(wid))
             proc = self._procs[wid]
-            proc.join(0)
+            # The sentinel fires as the dying process releases its descriptors, a moment before
+            # the kernel lets it be reaped: wait that moment for its exit code, and hand one
+            # that is still not reapable to the reaper rather than leave a zombie.
+            proc.join(_REAPABLE_S)
+            if proc.exitcode is None:
+                reap([proc])
             culprit = self._progress[wid]
             events.append((wid, WorkerDied(proc.pid, proc.exitcode, None if culprit < 0 else culprit)))
             self._discard(wid)
