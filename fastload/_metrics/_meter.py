@@ -2,7 +2,10 @@
 
 The meter is driven by three calls from the thread that consumes batches (it is not
 thread-safe): ``begin_wait()`` as ``next()`` is entered, ``end_wait(...)`` as it returns a
-batch, ``end_epoch()`` when the epoch is over. From those it keeps, per epoch and for the whole
+batch, ``end_epoch()`` when the epoch is over. A caller whose own work in ``next()`` should
+count as waiting (the loader's iterator) takes both times itself, as the first and last
+statements of ``next()``, and passes them to :meth:`StallMeter.record`: the caller's clock and
+the meter then agree, which they do not when the meter's calls sit inside ``next()``. From those it keeps, per epoch and for the whole
 run, the total wait and step, counts of batches, samples and tokens, the time to each epoch's
 first batch and a :class:`~fastload._metrics._histogram.LogHistogram` of the per-batch waits —
 constant memory however long the run.
@@ -104,7 +107,9 @@ class StallMeter:
         self._clock = clock
         # begin_wait/end_wait only log a timestamp (they run inside next(), where every
         # microsecond is stall); the log is folded into the totals when they are read.
-        self._log: list[tuple[float, int, int | None, int | None] | float] = []
+        # Entries: a float (a begin), a tuple or a list (an end: time, samples, real and
+        # padded tokens; a list from record(), whose time is None until its caller sets it).
+        self._log: list[Any] = []
         self._open_wait = False
         self._epoch = 0
         # Batches are counted into the epoch's totals only; an ended epoch is added to the
@@ -133,18 +138,25 @@ class StallMeter:
         self._fold()
         return self._earlier.step_s + self._current.step_s
 
-    def begin_wait(self) -> None:
-        """The consumer enters ``next()``: closes the open step, if any, and starts a wait."""
-        self._log.append(self._clock())
+    def begin_wait(self, at: float | None = None) -> None:
+        """The consumer enters ``next()`` (at ``at``, a time of this meter's clock taken by the
+        caller; default now): closes the open step, if any, and starts a wait."""
+        self._log.append(self._clock() if at is None else at)
         self._open_wait = True
 
     def end_wait(
-        self, samples: int, real_tokens: int | None = None, padded_tokens: int | None = None
+        self,
+        samples: int,
+        real_tokens: int | None = None,
+        padded_tokens: int | None = None,
+        *,
+        at: float | None = None,
     ) -> None:
-        """``next()`` returned a batch of ``samples`` rows holding ``real_tokens`` tokens in a
-        padded tensor of ``padded_tokens`` (rows * padded length; ``None`` when the batch has
-        no ragged field or the caller does not know). Starts the step on it."""
-        now = self._clock()
+        """``next()`` returned (at ``at``; default now) a batch of ``samples`` rows holding
+        ``real_tokens`` tokens in a padded tensor of ``padded_tokens`` (rows * padded length;
+        ``None`` when the batch has no ragged field or the caller does not know). Starts the
+        step on it."""
+        now = self._clock() if at is None else at
         if not self._open_wait:
             raise RuntimeError("StallMeter.end_wait() called without a matching begin_wait()")
         if samples < 0 or (real_tokens or 0) < 0 or (padded_tokens or 0) < 0:
@@ -157,8 +169,28 @@ class StallMeter:
         if len(self._log) >= _FOLD_EVERY:
             self._fold()
 
+    def record(
+        self, begin: float, samples: int, real_tokens: int | None = None, padded_tokens: int | None = None
+    ) -> list[Any]:
+        """``next()`` began at ``begin`` (a time of this meter's clock) and is about to return a
+        batch: :meth:`begin_wait` and :meth:`end_wait` in one call, for a caller that takes
+        the times itself. Returns the batch's entry; the caller stores the time ``next()``
+        returns at in its item 0, as its very last statement, so that the wait covers all of
+        ``next()`` that a clock inside it can see, this call included. The counts are the
+        caller's own and not checked."""
+        if len(self._log) >= _FOLD_EVERY:
+            self._fold()
+        log = self._log
+        entry: list[Any] = [None, samples, real_tokens, padded_tokens]
+        log.append(begin)
+        log.append(entry)
+        return entry
+
     def _fold(self) -> None:
         log, self._log = self._log, []
+        if log and type(log[-1]) is list and log[-1][0] is None:  # its next() has not returned
+            self._log = log[-2:]
+            del log[-2:]
         i, n = 0, len(log)
         while i < n:
             if self._stepping is not None and self._current.batches:
@@ -166,7 +198,7 @@ class StallMeter:
                 if i == n:
                     break
             entry = log[i]
-            if isinstance(entry, tuple):
+            if isinstance(entry, (tuple, list)):
                 self._apply_end(*entry)
             else:
                 self._apply_begin(entry)
@@ -190,7 +222,7 @@ class StallMeter:
         start, n = i, len(log) - 1
         while i < n:
             begin, end = log[i], log[i + 1]
-            if type(begin) is not float or type(end) is not tuple:
+            if type(begin) is not float or (type(end) is not tuple and type(end) is not list):
                 break
             now, samples, real, padded = end
             if real is None or padded is None:

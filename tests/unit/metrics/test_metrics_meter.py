@@ -265,3 +265,36 @@ def test_the_steady_fold_gives_the_same_stats_as_folding_entry_by_entry(seed: in
     assert fast.batches > 0
     assert meters[0]._current.waits._counts.tolist() == meters[1]._current.waits._counts.tolist()
     assert meters[0]._earlier.waits._counts.tolist() == meters[1]._earlier.waits._counts.tolist()
+
+
+def test_record_gives_the_same_stats_as_begin_and_end_wait_across_folds() -> None:
+    # record() is what the loader's iterator calls with times it takes itself; 700 batches
+    # cross the fold threshold, where the entry a fold made room for must still be counted.
+    clocks = [ManualClock(), ManualClock()]
+    meters = [StallMeter(clocks[0]), StallMeter(clocks[1])]
+    for i in range(700):
+        wait, step = 1e-4 * (1 + i % 7), 1e-3 * (1 + i % 3)
+        meters[0].begin_wait()
+        clocks[0].advance(wait)
+        meters[0].end_wait(4, 30, 40)
+        clocks[0].advance(step)
+        begin = clocks[1]()
+        clocks[1].advance(wait)
+        meters[1].record(begin, 4, 30, 40)[0] = clocks[1]()
+        clocks[1].advance(step)
+    assert meters[1].snapshot() == meters[0].snapshot()
+    assert meters[1].snapshot().batches == 700
+
+
+def test_a_recorded_batch_whose_next_has_not_returned_waits_for_its_end() -> None:
+    # Between record() and the caller storing the end time, a snapshot (another thread asking
+    # for stats) leaves the entry for the next fold rather than counting a batch without an end.
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [0.001] * 3, 0.01)
+    entry = meter.record(clock(), 4, 30, 40)
+    assert meter.snapshot(scope="epoch").batches == 3
+    clock.advance(0.002)
+    entry[0] = clock()
+    assert meter.snapshot(scope="epoch").batches == 4
+    assert meter.snapshot(scope="epoch").wait_s == pytest.approx(0.001 * 2 + 0.002)  # not the first
