@@ -8,8 +8,9 @@ from typing import Any, TypeVar, cast
 
 import torch.utils.data
 
-from fastload._iterator import LoaderIterator
+from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
+from fastload._options import LoaderOptions
 
 _log = logging.getLogger("fastload")
 
@@ -54,7 +55,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       epoch, or the one set with :meth:`set_epoch`.
     * ``device="cuda"``: batches arrive on the GPU, each copied on a side stream while the
       previous one trains (pinned slots, ``non_blocking`` copies). Without CUDA, ``"cuda"``
-      raises; ``None`` or ``"cpu"`` keeps batches on the host.
+      raises at construction; ``None`` or ``"cpu"`` keeps batches on the host.
     * ``max_shared_bytes``: the most shared memory the batch slots may take (default a quarter
       of the available memory). The slots grow while the consumer keeps batches alive, up to
       this bound, then raise :class:`~fastload.errors.SharedMemoryError`.
@@ -66,6 +67,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     * ``log_every_s``: log :meth:`stats` through the ``logging`` module (logger ``"fastload"``,
       level INFO) this often, and a summary at the end of each epoch.
     * ``progress=True``: a tqdm progress bar with samples/s and the stall fraction.
+    * ``host_tuning``: whether fastload arranges where its processes and threads run (workers
+      off your loop's CPU, ``SCHED_BATCH``, the main process building a batch while it would
+      wait; see the README). ``None`` (default): the environment variable
+      ``FASTLOAD_HOST_TUNING`` decides (``0`` turns it off), else on. The batches are the same
+      either way.
+
+    Every option is checked here: a bad value raises at construction, naming the option.
 
     ``loader.stats()`` answers "is my GPU waiting on data?" (see :class:`~fastload.LoaderStats`);
     ``loader.epoch_stats`` keeps one summary per finished epoch. ``iter(loader).worker_pids``
@@ -100,31 +108,29 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         max_shared_bytes: int | None = None,
         log_every_s: float | None = None,
         progress: bool = False,
+        host_tuning: bool | None = None,
     ) -> None:
-        if log_every_s is not None and not log_every_s > 0:
-            raise ValueError(f"log_every_s must be a positive number of seconds or None; got {log_every_s!r}")
-        if progress:
-            try:
-                import tqdm  # noqa: F401
-            except ImportError as exc:
-                raise ImportError("progress=True needs tqdm: pip install 'fastload[progress]'") from exc
-        self.auto_workers = num_workers == "auto"
-        if self.auto_workers:
+        options = LoaderOptions.create(
+            num_workers=num_workers,
+            length_grouped=length_grouped,
+            max_tokens=max_tokens,
+            seed=seed,
+            device=device,
+            max_shared_bytes=max_shared_bytes,
+            log_every_s=log_every_s,
+            progress=progress,
+            host_tuning=host_tuning,
+        )
+        self._fastload_options = options
+        if options.auto_workers:
             num_workers = 1  # the engine starts with one and the tuner grows the pool
-        self.log_every_s = log_every_s
-        self.progress = progress
         self.epoch_stats: list[LoaderStats] = []
-        self._meter = StallMeter()
+        self.meter = StallMeter()  # the consumer's wait and step, over the loader's life
         self._final_fields: dict[str, Any] = {}  # the engine's figures when its workers stopped
         self._final_workers = 0
-        self.length_grouped = length_grouped
-        self.max_tokens = max_tokens
-        self.seed = seed
-        self.device = device
-        self.max_shared_bytes = max_shared_bytes
         self._epoch = 0
         self._resume: dict[str, Any] | None = None
-        self._last_it: weakref.ref[LoaderIterator] | None = None
+        self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if collate_fn is None and _is_batch_reader(dataset):
             from fastload._collate import PadCollate
 
@@ -154,9 +160,57 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             in_order=in_order,
         )
 
+    # fastload's options, read back by name (frameworks re-create a loader from the
+    # attributes named as its constructor's parameters).
+    @property
+    def options(self) -> LoaderOptions:
+        """fastload's own options, as validated at construction."""
+        return self._fastload_options
+
+    @property
+    def length_grouped(self) -> bool:
+        return self._fastload_options.length_grouped
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self._fastload_options.max_tokens
+
+    @property
+    def seed(self) -> int:
+        return self._fastload_options.seed
+
+    @property
+    def device(self) -> str | torch.device | None:
+        return self._fastload_options.requested_device
+
+    @property
+    def max_shared_bytes(self) -> int | None:
+        return self._fastload_options.max_shared_bytes
+
+    @property
+    def log_every_s(self) -> float | None:
+        return self._fastload_options.log_every_s
+
+    @property
+    def progress(self) -> bool:
+        return self._fastload_options.progress
+
+    @property
+    def host_tuning(self) -> bool | None:
+        return self._fastload_options.host_tuning
+
+    @property
+    def auto_workers(self) -> bool:
+        """Whether ``num_workers="auto"`` was given (the pool is tuned while training runs)."""
+        return self._fastload_options.auto_workers
+
     def _get_iterator(self) -> Any:
-        self.check_worker_number_rationality()
-        it = LoaderIterator(self)
+        it: InProcessIterator | WorkerIterator
+        if self.num_workers == 0:
+            it = InProcessIterator(self)
+        else:
+            self.check_worker_number_rationality()
+            it = WorkerIterator(self)
         self._last_it = weakref.ref(it)
         return it
 
@@ -174,7 +228,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         it = self._last_iterator()
         if it is not None:
             return it.stats(scope)
-        return self._meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+        return self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
 
     def _on_epoch_end(self, summary: LoaderStats) -> None:
         self.epoch_stats.append(summary)
@@ -218,7 +272,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         uninterrupted run would have produced (on any number of ranks)."""
         self._resume = dict(state["sampler"])
 
-    def _last_iterator(self) -> LoaderIterator | None:
+    def _last_iterator(self) -> InProcessIterator | WorkerIterator | None:
         return self._last_it() if self._last_it is not None else None
 
 

@@ -12,7 +12,7 @@ consumes: a dict from field name to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +47,7 @@ class Ragged(NamedTuple):
 class Spans(NamedTuple):
     """A ragged field left where it lies: sample ``i`` is ``source[starts[i] : starts[i] +
     lengths[i]]``. A reader whose values are memory-mapped hands this to the fast path's padding
-    (``_read_batch_in_place``), which gathers straight from ``source`` into the batch slot
+    (``read_batch_in_place``), which gathers straight from ``source`` into the batch slot
     instead of concatenating the samples first. ``read_batch`` never returns it."""
 
     source: np.ndarray
@@ -59,22 +59,11 @@ Column = Ragged | np.ndarray | list
 ColumnarBatch = dict[str, Column]
 
 
-@runtime_checkable
-class BatchReader(Protocol):
-    """What the fast path needs of a dataset; fastload's readers implement it and so may a
-    user's own class (no base class required).
+class Counts(NamedTuple):
+    """What one batch holds, for the loader's statistics: its rows, and the real and padded
+    tokens of its primary ragged field (``None`` where the batch has none or its collate does
+    not say)."""
 
-    Contract: ``read_batch`` accepts indices in any order, duplicates included, and returns the
-    samples in that order; ``lengths[i]`` is the length of sample ``i`` of the field that drives
-    length grouping, available without reading any payload.
-    """
-
-    @property
-    def lengths(self) -> npt.NDArray[np.int64]: ...
-
-    @property
-    def fields(self) -> dict[str, Field]: ...
-
-    def __len__(self) -> int: ...
-
-    def read_batch(self, indices: npt.ArrayLike) -> ColumnarBatch: ...
+    rows: int
+    real_tokens: int | None = None
+    padded_tokens: int | None = None

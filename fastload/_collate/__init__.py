@@ -4,6 +4,6 @@ caller provides — and split batches into micro-batches for gradient accumulati
 from __future__ import annotations
 
 from fastload._collate._microbatch import MicroBatch, split_microbatches
-from fastload._collate._pad import Layout, PadCollate
+from fastload._collate._pad import PadCollate
 
-__all__ = ["Layout", "MicroBatch", "PadCollate", "split_microbatches"]
+__all__ = ["MicroBatch", "PadCollate", "split_microbatches"]

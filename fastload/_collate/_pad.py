@@ -19,13 +19,12 @@ import torch
 
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pad_into
-from fastload._types import Column, Field, Ragged, Spans
+from fastload._protocols import Layout, OneCallBuilder
+from fastload._types import Column, Counts, Field, Ragged, Spans
 from fastload.errors import DataFormatError, FieldNotFoundError
 
 #: A columnar batch as PadCollate reads it (``Columns``, or any mapping like it).
 Columns = Mapping[str, Column | Spans]
-#: Output name → (shape, numpy dtype) of every array ``collate_into`` writes.
-Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
 Scalar = bool | int | float
 
 MASK_NAME = "attention_mask"
@@ -72,7 +71,7 @@ class _Schema:
 
 @dataclass(frozen=True)
 class SingleField:
-    """See :meth:`PadCollate._single_field`: the field's rule (its output dtype, pad value and
+    """See :meth:`PadCollate.single_field`: the field's rule (its output dtype, pad value and
     the names of its mask and lengths) and the collate's options."""
 
     rule: _FieldRule
@@ -168,21 +167,41 @@ class PadCollate:
 
     # -- the two halves of the zero-copy path -----------------------------------------------
 
+    #: The output is a function of the columnar batch alone (``fastload._protocols``). A
+    #: subclass may compute otherwise: it says so itself (see ``__init_subclass__``).
+    process_independent = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "process_independent" not in vars(cls):
+            cls.process_independent = False
+
     def layout(self, batch: Columns) -> Layout:
         """Name → (shape, numpy dtype) of each array ``collate_into(batch, ...)`` writes;
         allocates nothing. Object fields are not arrays and not listed."""
-        return self._prepare(batch).layout
+        return self.prepare(batch).layout
 
     def collate_into(self, batch: Columns, out: Mapping[str, np.ndarray]) -> None:
         """Write the padded batch into ``out``, whose arrays must match ``layout(batch)``
         exactly (names, shapes, dtypes); object fields are not written."""
-        self._prepare(batch).write(out)
+        self.prepare(batch).write(out)
 
-    def _prepare(self, batch: Columns) -> _Prepared:
-        """The batch planned once: its ``layout`` and a ``write(out)`` that fills it (what
-        ``layout`` followed by ``collate_into`` do, without planning the batch twice)."""
+    def prepare(self, batch: Columns) -> _Prepared:
+        """The batch planned once: its ``layout``, a ``fill(out)`` that fills arrays made from
+        it, and its ``counts`` (what ``layout`` followed by ``collate_into`` do, without
+        planning the batch twice; ``fastload._protocols.PreparedBatch``)."""
         columns, ragged, rows = self._plan(batch)
         return _Prepared(self, columns, ragged, self._layout(columns, ragged, rows), rows)
+
+    def one_call_builder(self, reader: Any) -> OneCallBuilder | None:
+        """A builder of ``reader``'s batches padded by this collate in one native call, or
+        ``None`` where that does not apply (see ``_express.py``). A subclass that plans batches
+        its own way (overrides :meth:`prepare`) gets none."""
+        if type(self).prepare is not PadCollate.prepare:
+            return None
+        from fastload._collate._express import express_builder
+
+        return express_builder(reader, self)
 
     def __call__(self, batch: Columns | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate a columnar batch or a list of sample dicts into a dict of tensors (and lists
@@ -190,7 +209,7 @@ class PadCollate:
         columnar = (
             batch if isinstance(batch, Mapping) else samples_to_columnar(batch, ragged=self._ragged)
         )
-        prepared = self._prepare(columnar)
+        prepared = self.prepare(columnar)
         arrays = {
             name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
         }
@@ -203,11 +222,11 @@ class PadCollate:
                 result[name] = torch.from_numpy(array)
         return result
 
-    def _single_field(self, name: str, column: Ragged | Spans) -> SingleField | None:
+    def single_field(self, name: str, column: Ragged | Spans) -> SingleField | None:
         """How batches made of ``column`` alone (the ragged field ``name``) are written, for a
-        builder that pads them itself (the fast path's one-call builds); ``None`` when this
-        collate would not output exactly ``name``, its mask and its lengths. Checks what
-        ``_prepare`` checks, raising the same errors."""
+        builder that pads them itself (the one-call builds of ``_express.py``); ``None`` when
+        this collate would not output exactly ``name``, its mask and its lengths. Checks what
+        :meth:`prepare` checks, raising the same errors."""
         if (self._fields is not None and self._fields != [name]) or self._primary not in (None, name):
             return None
         columns = {name: column}
@@ -370,14 +389,14 @@ class _Prepared:
             out[rule.lengths_name][...] = spec.kept
 
     @property
-    def counts(self) -> tuple[int, int | None, int | None]:
+    def counts(self) -> Counts:
         """Rows, real tokens and padded tokens of the primary ragged field (what the loader's
         statistics count), or just the rows when there is no ragged field."""
         rows = self.rows
         for spec in self.ragged:
             if spec.rule.mask_name is not None:
-                return rows, int(spec.kept.sum()), rows * spec.width
-        return rows, None, None
+                return Counts(rows, int(spec.kept.sum()), rows * spec.width)
+        return Counts(rows)
 
 
 def _optional_positive(option: str, value: object) -> int | None:

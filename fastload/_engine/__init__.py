@@ -1,7 +1,29 @@
-"""The only package with processes, threads and shared memory."""
+"""The only package with processes, threads and shared memory.
 
-from fastload._engine._engine import DONE, Engine
-from fastload._engine._fetch import make_fetcher
-from fastload._engine._worker import FAILED, OK, WorkerSpec
+The loader's iterator uses what is exported here and nothing else: :func:`start_runner` builds
+the machinery for one iterator from one :class:`RunnerOptions`; :func:`in_process_fetcher`
+builds batches in the calling process (``num_workers=0``).
+"""
 
-__all__ = ["DONE", "FAILED", "OK", "Engine", "WorkerSpec", "make_fetcher"]
+from fastload._engine._arena import available_memory_bytes
+from fastload._engine._counts import batch_counts
+from fastload._engine._fetch import in_process_fetcher
+from fastload._engine._host import HostPolicy
+from fastload._engine._messages import DONE, FAILED, OK, Delivery, Kind
+from fastload._engine._runner import Runner, RunnerOptions, fast_path_collate, start_runner
+
+__all__ = [
+    "DONE",
+    "FAILED",
+    "OK",
+    "Delivery",
+    "HostPolicy",
+    "Kind",
+    "Runner",
+    "RunnerOptions",
+    "available_memory_bytes",
+    "batch_counts",
+    "fast_path_collate",
+    "in_process_fetcher",
+    "start_runner",
+]

@@ -6,11 +6,18 @@ once, where memfd is missing) mapped by the main process. Workers map the same f
 leaks nothing, and Docker's 64 MB ``/dev/shm`` limit does not apply (the memory still counts
 against the container's memory limit, which the preflight checks).
 
-A segment holds ``slots`` slots of ``slot_bytes`` each. A slot is *free*, *reserved* for a task,
-or *exported* to the consumer as tensors viewing it; it becomes free again only when the last
-tensor viewing it is garbage-collected (a weak reference with a callback on the numpy array under
-all the views), so a consumer that keeps a batch can never see it overwritten. Each regular slot
-ends in a claim word (``_claims.py``) after its ``capacity`` bytes for the batch.
+A segment holds regular slots of one size, ``slot_bytes`` apart. A slot is *free*, *reserved*
+for a task, or *exported* to the consumer as tensors viewing it; it becomes free again only when
+the last tensor viewing it is garbage-collected (a weak reference with a callback on the numpy
+array under all the views), so a consumer that keeps a batch can never see it overwritten. Each
+regular slot ends in a claim word (``_claims.py``) after its ``capacity`` bytes for the batch. A
+batch larger than that gets a temporary segment of its own.
+
+The regular size may change while the arena lives (:meth:`SlotArena.resize`, when the batches
+that come turn out larger than the slots): the segments of the old size are then *retired*. Their
+slots are never handed out again, and each retired segment is freed once its last slot is back.
+Segment ids only grow, so :attr:`SlotArena.live_from`, the first id of the current size, tells a
+worker which of the segments it has mapped it may unmap.
 """
 
 from __future__ import annotations
@@ -29,9 +36,9 @@ from typing import NamedTuple
 import numpy as np
 
 from fastload._engine._claims import CLAIM_BYTES
+from fastload._protocols import ALIGN
 from fastload.errors import SharedMemoryError
 
-ALIGN = 64  # every array in a slot starts on a 64-byte boundary (cache line; any dtype's view)
 _PAGE = mmap.PAGESIZE
 
 
@@ -125,26 +132,20 @@ class SlotArena:
     ``reserve()`` hands out a free slot, growing the arena when none is free, up to
     ``max_bytes`` in all; ``export(ref, nbytes)`` returns a writable uint8 array over the slot
     that frees the slot when it is garbage-collected; ``release(ref)`` frees a slot that was
-    never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch.
+    never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch;
+    ``resize(capacity)`` changes the size of the regular slots handed out from then on.
     ``slot_bytes`` is the stride of regular slots: their ``capacity`` for a batch (at least the
-    ``slot_bytes`` asked for) plus the claim word. Thread-safe: a finalizer may run on any thread.
+    ``slot_bytes`` asked for) plus the claim word; 0 until the first ``resize`` where the arena
+    was made with no slots (its batches' size not yet known). ``slots`` is how many regular
+    slots each size starts with. Thread-safe: a finalizer may run on any thread.
     """
 
     def __init__(
         self, *, slot_bytes: int, slots: int, max_bytes: int, pin: Pinner | None = None
     ) -> None:
-        self.slot_bytes = align(slot_bytes + CLAIM_BYTES, _PAGE)
         self._pin = pin
         self.max_bytes = max_bytes
-        needed = self.slot_bytes * slots
-        if needed > max_bytes:
-            raise SharedMemoryError(
-                f"batch slots need {needed / 2**20:.1f} MiB ({slots} slots of "
-                f"{self.slot_bytes / 2**20:.2f} MiB, the largest possible batch) but at most "
-                f"{max_bytes / 2**20:.1f} MiB may be used (about a quarter of the available "
-                "memory, or max_shared_bytes). Lower batch_size / max_tokens or prefetch_factor, "
-                "or free memory."
-            )
+        self._slots = max(1, slots)
         # Reentrant: a finalizer freeing a slot may run in the middle of arena code (a garbage
         # collection triggered by an allocation made under the lock).
         self._lock = threading.RLock()
@@ -157,11 +158,32 @@ class SlotArena:
         self._exports: dict[int, tuple[weakref.ref[np.ndarray], SlotRef]] = {}
         self._free: deque[SlotRef] = deque()
         self._temporary_ids: set[int] = set()
+        self._retired: dict[int, int] = {}  # retired segment id -> its slots not yet back
         self._next_id = 0
         self._bytes = 0
         self._closed = False
+        self._sized = 0  # regular slots of the current size
+        self.live_from = 0  # regular segments below this id are retired
         self.exported = 0  # slots currently viewed by consumer tensors
-        self._grow(slots)
+        self.held = 0  # slots reserved for a task or viewed by the consumer, temporary ones too
+        self.slot_bytes = 0
+        if slot_bytes > 0:
+            self._set_size(slot_bytes)
+            self._check_fits(self.slot_bytes * slots)
+            self._grow(slots)
+
+    def _set_size(self, capacity: int) -> None:
+        self.slot_bytes = align(capacity + CLAIM_BYTES, _PAGE)
+
+    def _check_fits(self, needed: int) -> None:
+        if self._bytes + needed > self.max_bytes:
+            raise SharedMemoryError(
+                f"batch slots need {(self._bytes + needed) / 2**20:.1f} MiB ({self._slots} "
+                f"slots of {self.slot_bytes / 2**20:.2f} MiB, the largest batch expected) but "
+                f"at most {self.max_bytes / 2**20:.1f} MiB may be used (about a quarter of the "
+                "available memory, or max_shared_bytes). Lower batch_size / max_tokens or "
+                "prefetch_factor, or free memory."
+            )
 
     def _new_segment(self, size: int) -> _Segment:
         seg = _Segment(self._next_id, size, self._pin)
@@ -175,40 +197,75 @@ class SlotArena:
         for k in range(slots):
             ref = SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes - CLAIM_BYTES)
             self._free.append(ref)
+        self._sized += slots
 
     @property
     def total_bytes(self) -> int:
         return self._bytes
 
     @property
+    def capacity(self) -> int:
+        """The bytes a batch may use in a regular slot handed out now (0: none yet)."""
+        return max(0, self.slot_bytes - CLAIM_BYTES)
+
+    @property
     def in_use(self) -> int:
         """Slots reserved for a task or viewed by the consumer (temporary slots included)."""
+        return self.held
+
+    def resize(self, capacity: int) -> None:
+        """Regular slots handed out from now on hold ``capacity`` bytes of batch; the slots of
+        the old size are retired (see the module text)."""
         with self._lock:
-            regular = sum(seg.size for seg in self._segments.values() if seg.id not in self._temporary_ids)
-            return regular // self.slot_bytes - len(self._free) + len(self._temporary_ids)
+            free_of: dict[int, int] = {}
+            for ref in self._free:
+                free_of[ref.segment] = free_of.get(ref.segment, 0) + 1
+            self._free.clear()
+            for seg_id, seg in list(self._segments.items()):
+                if seg_id in self._temporary_ids or seg_id in self._retired:
+                    continue
+                out = seg.size // self.slot_bytes - free_of.get(seg_id, 0)
+                if out:
+                    self._retired[seg_id] = out
+                else:
+                    self._close_segment(seg_id)
+            self.live_from = self._next_id
+            self._sized = 0
+            self._set_size(capacity)
+
+    def _close_segment(self, seg_id: int) -> None:
+        seg = self._segments.pop(seg_id)
+        self._bytes -= seg.size
+        seg.close()
 
     def reserve(self) -> SlotRef:
         with self._lock:
             if not self._free:
-                grow = max(1, len(self._segments) and (self._bytes // self.slot_bytes) // 2)
+                if self.slot_bytes == 0:
+                    raise RuntimeError("SlotArena.reserve() before the slots were sized (resize)")
+                grow = self._sized // 2 or self._slots
                 if self._bytes + grow * self.slot_bytes > self.max_bytes:
+                    if self._sized == 0:
+                        self._check_fits(grow * self.slot_bytes)  # raises: the first of a size
                     raise SharedMemoryError(
-                        f"all {self._bytes // self.slot_bytes} batch slots "
-                        f"({self._bytes / 2**20:.1f} MiB) are in use, {self.exported} of them by "
-                        "batches the consumer still holds, and growing past "
+                        f"all {self._sized} batch slots of {self.slot_bytes / 2**20:.2f} MiB "
+                        f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self.exported} of "
+                        "them by batches the consumer still holds, and growing past "
                         f"{self.max_bytes / 2**20:.1f} MiB (max_shared_bytes) is not allowed. "
                         "Keep fewer batches alive, or .clone() the tensors you keep."
                     )
                 self._grow(grow)
+            self.held += 1
             return self._free.popleft()
 
     def temporary(self, nbytes: int) -> SlotRef:
-        """A slot of its own for one batch larger than ``slot_bytes``; its segment is freed with
-        the slot."""
+        """A slot of its own for one batch larger than the regular ones; its segment is freed
+        with the slot."""
         size = align(nbytes, _PAGE)
         with self._lock:
             seg = self._new_segment(size)
             self._temporary_ids.add(seg.id)
+            self.held += 1
         return SlotRef(seg.id, seg.fd, seg.size, 0, size, temporary=True)
 
     def release(self, ref: SlotRef) -> None:
@@ -217,11 +274,17 @@ class SlotArena:
                 self._release_locked(ref)
 
     def _release_locked(self, ref: SlotRef) -> None:
+        self.held -= 1
         if ref.temporary:
             self._temporary_ids.discard(ref.segment)
-            seg = self._segments.pop(ref.segment)
-            self._bytes -= seg.size
-            seg.close()
+            self._close_segment(ref.segment)
+        elif ref.segment < self.live_from:
+            left = self._retired[ref.segment] - 1
+            if left:
+                self._retired[ref.segment] = left
+            else:
+                del self._retired[ref.segment]
+                self._close_segment(ref.segment)
         else:
             self._free.append(ref)
 
@@ -262,10 +325,7 @@ class SlotArena:
             _, ref = self._exports.pop(id(watch))
             if self._closed:
                 return
-            if ref.temporary:
-                self._release_locked(ref)
-            else:
-                self._free.append(ref)  # as _release_locked does: this runs once per batch
+            self._release_locked(ref)
         if self.on_release is not None:
             self.on_release()
 
@@ -289,6 +349,7 @@ class WorkerSlots:
     def __init__(self, main_pid: int) -> None:
         self._main_pid = main_pid
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self._live_from = 0
 
     def segment(self, ref: SlotRef) -> np.ndarray:
         """The whole segment holding ``ref`` as a writable uint8 array (the slot starts at
@@ -303,9 +364,19 @@ class WorkerSlots:
             mapped = self._maps[ref.segment] = (mm, np.frombuffer(mm, dtype=np.uint8))
         return mapped[1]
 
-    def view(self, ref: SlotRef) -> np.ndarray:
-        """The slot itself, as a writable uint8 array of ``ref.capacity`` bytes."""
-        return self.segment(ref)[ref.offset : ref.offset + ref.capacity]
+    def retire_below(self, live_from: int) -> None:
+        """The main process retired every regular segment below ``live_from``
+        (:attr:`SlotArena.live_from`): unmap those, so that their memory can go once the main
+        process frees them."""
+        if live_from > self._live_from:
+            self._live_from = live_from
+            for segment in [s for s in self._maps if s < live_from]:
+                self.forget(segment)
+
+    def done_with(self, ref: SlotRef) -> None:
+        """A batch was built into ``ref``: unmap a segment that will not be written again."""
+        if ref.temporary or ref.segment < self._live_from:
+            self.forget(ref.segment)
 
     def forget(self, segment: int) -> None:
         mapped = self._maps.pop(segment, None)

@@ -99,6 +99,11 @@ class ConsumerCore:
         self._delivered += 1
         if self._delivered < WARMUP or (self._delivered - WARMUP) % WINDOW:
             return None
+        return self.observe_window(now, waited_s)
+
+    def observe_window(self, now: float, waited_s: float) -> str | None:
+        """:meth:`observe` at a window's boundary (the ``WARMUP``-th delivery, then every
+        ``WINDOW``-th), for a caller that counts the deliveries itself."""
         started, waited_before = self._window
         self._window = (now, waited_s)
         if started is None or now <= started:
@@ -188,11 +193,4 @@ def allowed_cpus() -> frozenset[int] | None:
         return None
 
 
-def confine(cpus: frozenset[int] | None) -> None:
-    """In a worker, before ``worker_init_fn``: run on ``cpus`` (``None``: leave it as it is)."""
-    if cpus is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cpus)
-
-
-__all__ = ["CONFINE", "GAIN", "RELEASE", "RETRY", "STARVED", "WARMUP", "WINDOW", "ConsumerCore", "allowed_cpus", "confine", "restore_cpus", "start_here"]
+__all__ = ["CONFINE", "GAIN", "RELEASE", "RETRY", "STARVED", "WARMUP", "WINDOW", "ConsumerCore", "allowed_cpus", "restore_cpus", "start_here"]

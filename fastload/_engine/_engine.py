@@ -15,27 +15,38 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from fastload._engine._deadline import Deadline
+from fastload._engine._messages import (
+    DONE,
+    EXHAUSTED,
+    FAILED,
+    OK,
+    Delivery,
+    Kind,
+    Reply,
+    Resume,
+    TaskMessage,
+    WorkerFailure,
+)
 from fastload._engine._pool import WorkerDied, WorkerPool
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+from fastload._engine._slots import RESEND
 from fastload._engine._transport import loads
-from fastload._engine._worker import EXHAUSTED, FAILED, OK, Resume, WorkerFailure, WorkerSpec
-from fastload.errors import LoaderTimeoutError, WorkerCrashedError
+from fastload._engine._worker import WorkerSpec
+from fastload._types import Counts
+from fastload.errors import WorkerCrashedError
 
-DONE = -1  # get(): nothing left in flight
-#: What :meth:`Codec.take_over` returns for a task it took but cannot build in the main process
-#: (the worker's builder will, and say what is wrong): the engine sends it again.
-RESEND = object()
 MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
-_WAIT_S = 1.0  # longest single wait; every wait re-checks worker liveness through sentinels
+_DONE = Delivery(DONE, None, None)
 
 
 class Codec(Protocol):
-    """What the engine does with a worker's payload; the fast path supplies one that turns slot
-    descriptors into tensors (see ``_fastpath.py``)."""
+    """What the engine does with a task and a worker's payload; the fast path supplies one that
+    reserves slots and turns slot descriptors into tensors (``_slots.py``)."""
 
-    def deliver(self, index: Any, payload: Any) -> tuple[Any, tuple[int, int | None, int | None] | None]:
-        """The batch handed to the consumer for a task's payload, and its rows, real and padded
-        tokens when the payload says (else ``None``): one call, once per batch."""
+    def deliver(self, index: Any, payload: Any) -> tuple[Any, Counts | None]:
+        """The batch handed to the consumer for a task's payload, and its counts when the
+        payload says them (else ``None``): one call, once per batch."""
 
     def retry(self, index: Any, payload: Any) -> Any:
         """A new index to build the task again with (an oversize batch gets a bigger slot), or
@@ -48,7 +59,7 @@ class Codec(Protocol):
     def task_message(self, epoch: int, seq: int, index: Any) -> Any:
         """What is sent to the worker for a task: a picklable message, or bytes."""
 
-    def result_message(self, data: bytes) -> Any:
+    def result_message(self, data: bytes) -> Reply:
         """A worker's reply from its bytes (the inverse of what the worker's builder wrote)."""
 
     #: Whether :meth:`take_over` can ever take a task.
@@ -75,10 +86,11 @@ class GenericCodec:
         return None
 
     def task_message(self, epoch: int, seq: int, index: Any) -> Any:
-        return (epoch, seq, index)
+        return TaskMessage(epoch, seq, index)
 
-    def result_message(self, data: bytes) -> Any:
-        return loads(data)
+    def result_message(self, data: bytes) -> Reply:
+        reply: Reply = loads(data)
+        return reply
 
     def take_over(self, index: Any) -> Any:
         return None
@@ -150,11 +162,10 @@ class Engine:
         self._dispatch = Dispatcher(
             num_workers, max_tasks=max_tasks, in_order=in_order, max_deaths=MAX_DEATHS
         )
-        self._reorder: ReorderBuffer[tuple[int, Task, Any]] = ReorderBuffer(in_order=in_order)
+        self._reorder: ReorderBuffer[tuple[Kind, Task, Any]] = ReorderBuffer(in_order=in_order)
         self._next_seq = 0
         self._idle_deaths = [0] * num_workers  # deaths since the worker last delivered
         self.started = time.monotonic()
-        self.worker_started = [self.started] * num_workers
         self.busy_s = [0.0] * num_workers  # per worker: seconds spent building batches
         self.read_s = [0.0] * num_workers  # of those, seconds in read_batch (fast path only)
         self.busy_total_s = 0.0  # all workers' busy seconds, retired ones included
@@ -188,7 +199,7 @@ class Engine:
         in flight are remembered: their results arrive tagged with the old epoch and are dropped
         then, once their worker is done writing."""
         for kind, task, _ in self._reorder.drain():
-            if kind == OK:
+            if kind is OK:
                 self._codec.drop(task.index)
         for wid, task in self._dispatch.reactivate_all():
             self._stale[(self.epoch, task.seq)] = (wid, task)
@@ -205,8 +216,7 @@ class Engine:
             return False
         task = Task(self._next_seq, index)
         self._next_seq += 1
-        self._dispatch.assign(wid, task)  # as _send, without the call: once per batch
-        self._pool.send(wid, self._codec.task_message(self.epoch, task.seq, index))
+        self._send(wid, task)
         return True
 
     def _send(self, wid: int, task: Task) -> None:
@@ -247,64 +257,66 @@ class Engine:
             task.index = again
             self._send(wid, task)
 
-    def get(self, refill: Callable[[], None]) -> tuple[int, Any, Any]:
-        """The next result in order: ``(OK, batch, counts)``, ``(FAILED, exception, None)`` for a
-        batch whose building raised (the caller raises it, after refilling as torch does), or
-        ``(DONE, None, None)`` once nothing is in flight (``counts``: see :meth:`collect`).
+    def get(self, refill: Callable[[], None]) -> Delivery:
+        """The next item in order, blocking for it: ``(OK, batch, counts)``, ``(FAILED,
+        exception, None)`` for a batch whose building raised (the caller raises it, after
+        refilling as torch does), or ``(DONE, None, None)`` once nothing is in flight.
         ``refill`` is called when a worker's iterable dataset ends (torch then dispatches
-        another task)."""
-        started = time.monotonic()
-        codec = self._codec
+        another task). The loader's ``timeout`` counts from the last arrival."""
+        deadline = Deadline(self._timeout_s)
         while True:
-            found, item = self._reorder.pop()
-            if found:
-                assert item is not None
-                kind, task, payload = item
-                if kind == FAILED:
-                    return FAILED, rebuild_exception(payload, task.seq), None
-                return OK, *codec.deliver(task.index, payload)
+            item = self._next_ready()
+            if item is not None:
+                return item
             if self._dispatch.in_flight == 0:
-                return DONE, None, None
-            wait_s = _WAIT_S
-            if self._timeout_s > 0:
-                left = self._timeout_s - (time.monotonic() - started)
-                if left <= 0:
-                    raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout_s} seconds")
-                wait_s = min(wait_s, left)
-            for wid, msg in self._pool.wait(wait_s):
-                if isinstance(msg, WorkerDied):
-                    self._on_death(wid, msg)
-                else:
-                    self._on_result(wid, msg, refill)
-                    started = time.monotonic()
+                return _DONE
+            if self._receive(deadline.block_s(), None, None, refill):
+                deadline.restart()
 
     def collect(
         self,
         refill: Callable[[], None],
         ready: list[tuple[int, int]] | None = None,
         generation: int | None = None,
-    ) -> list[tuple[int, Any, Any]]:
-        """Without blocking: handle what the workers have sent, then return every batch that may
-        now be delivered, in order, as ``(OK, batch, counts)`` or ``(FAILED, exception, None)``
-        (see :meth:`get`; ``counts`` is what :meth:`Codec.deliver` says of the payload). For a
-        caller that polls :meth:`watch` itself (``_pump.Pump``) and passes what it found."""
-        for wid, msg in self._pool.wait(0, ready, generation):
+    ) -> list[Delivery]:
+        """Without blocking: handle what the workers have sent, then return every item that may
+        now be delivered, in order (see :meth:`get`). For a caller that polls :meth:`watch`
+        itself (``_pump.Pump``) and passes what it found."""
+        self._receive(0, ready, generation, refill)
+        out: list[Delivery] = []
+        while (item := self._next_ready()) is not None:
+            out.append(item)
+        return out
+
+    def _receive(
+        self,
+        timeout_s: float,
+        ready: list[tuple[int, int]] | None,
+        generation: int | None,
+        refill: Callable[[], None],
+    ) -> bool:
+        """Handle what the workers sent (waiting up to ``timeout_s`` for something); ``True``
+        when a result arrived."""
+        arrived = False
+        for wid, msg in self._pool.wait(timeout_s, ready, generation):
             if isinstance(msg, WorkerDied):
                 self._on_death(wid, msg)
             else:
                 self._on_result(wid, msg, refill)
-        out: list[tuple[int, Any, Any]] = []
-        codec = self._codec
-        while True:
-            found, item = self._reorder.pop()
-            if not found:
-                return out
-            assert item is not None
-            kind, task, payload = item
-            if kind == FAILED:
-                out.append((FAILED, rebuild_exception(payload, task.seq), None))
-            else:
-                out.append((OK, *codec.deliver(task.index, payload)))
+                arrived = True
+        return arrived
+
+    def _next_ready(self) -> Delivery | None:
+        """The next item the reorder buffer lets out, or ``None``."""
+        found, item = self._reorder.pop()
+        if not found:
+            return None
+        assert item is not None
+        kind, task, payload = item
+        if kind is FAILED:
+            return Delivery(FAILED, rebuild_exception(payload, task.seq), None)
+        batch, counts = self._codec.deliver(task.index, payload)
+        return Delivery(OK, batch, counts)
 
     def watch(self) -> tuple[int, list[int]]:
         """What to block on until :meth:`collect` has something to do, and the generation of
@@ -312,7 +324,7 @@ class Engine:
         fds = self._pool.fds()
         return self._pool.generation, fds
 
-    def _on_result(self, wid: int, msg: tuple[Any, ...], refill: Callable[[], None]) -> None:
+    def _on_result(self, wid: int, msg: Reply, refill: Callable[[], None]) -> None:
         epoch, seq, kind, payload, busy_s, read_s = msg
         self.busy_total_s += busy_s
         self.busy_s[wid] += busy_s
@@ -393,7 +405,6 @@ class Engine:
         self._dispatch.max_tasks = self._max_tasks_per_worker * self._dispatch.num_workers
         for stats in (self.busy_s, self.read_s):
             stats.append(0.0)
-        self.worker_started.append(time.monotonic())
         self._idle_deaths.append(0)
 
     def retire_worker(self) -> None:
@@ -411,7 +422,7 @@ class Engine:
         if self._dispatch.retiring(wid) and not self._dispatch.tasks_of(wid):
             self._dispatch.remove_last()
             self._pool.retire_last()
-            for stats in (self.busy_s, self.read_s, self.worker_started, self._idle_deaths):
+            for stats in (self.busy_s, self.read_s, self._idle_deaths):
                 stats.pop()
             self._dispatch.max_tasks = self._max_tasks_per_worker * self._dispatch.num_workers
 
@@ -423,7 +434,7 @@ class Engine:
             return
         self._closed = True
         self._pool.shutdown(join_s)
-        leftovers = [task for kind, task, _ in self._reorder.drain() if kind == OK]
+        leftovers = [task for kind, task, _ in self._reorder.drain() if kind is OK]
         leftovers += [task for _, task in self._dispatch.reactivate_all()]
         leftovers += [task for _, task in self._stale.values()]
         self._stale.clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 
@@ -66,3 +67,24 @@ def make_fetcher(
     if isinstance(dataset, IterableDataset):
         return IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
     return MapFetcher(dataset, auto_collation, collate_fn)
+
+
+class ColumnarFetcher:
+    """The fast path in the calling process: one ``read_batch`` and the collate per batch."""
+
+    def __init__(self, dataset: Any, collate: Any) -> None:
+        self.dataset = dataset
+        self.collate = collate
+
+    def fetch(self, index: Any) -> Any:
+        return self.collate(self.dataset.read_batch(np.asarray(index, dtype=np.int64)))
+
+
+def in_process_fetcher(
+    dataset: Any, collate_fn: Callable[[Any], Any], *, auto_collation: bool, drop_last: bool, fast: bool
+) -> ColumnarFetcher | MapFetcher | IterableFetcher:
+    """What builds the batches of a loader with ``num_workers=0``: the fast path's columnar
+    read where it applies (``fast``), else torch's per-sample fetch."""
+    if fast:
+        return ColumnarFetcher(dataset, collate_fn)
+    return make_fetcher(dataset, auto_collation, collate_fn, drop_last)

@@ -288,9 +288,6 @@ class WorkerPool:
             raise RuntimeError(f"worker {wid} is still alive; it cannot be respawned")
         self._start(wid)
 
-    def alive(self, wid: int) -> bool:
-        return self._procs[wid] is not None
-
     def add(self) -> int:
         """Start one more worker; returns its id (the next one)."""
         wid = len(self._procs)

@@ -55,10 +55,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from fastload._engine._cores import allowed_cpus, restore_cpus, start_here
-from fastload._engine._engine import DONE, Engine
-from fastload._engine._worker import FAILED, OK
-from fastload.errors import LoaderTimeoutError
+from fastload._engine._deadline import MAX_BLOCK_S, Deadline
+from fastload._engine._engine import Engine
+from fastload._engine._host import HostPolicy, thread_begins
+from fastload._engine._messages import DONE, ERROR, FAILED, OK, Delivery
+from fastload._types import Counts
 
 
 def _libc_write() -> Callable[[int, bytes, int], int]:
@@ -75,9 +76,9 @@ def _libc_write() -> Callable[[int, bytes, int], int]:
 
 _write_holding_gil = _libc_write()
 
-ERROR = -2  # the epoch cannot go on: raise and stop
 _END = object()  # the index source is spent
-_IDLE_POLL_MS = 1000  # longest block; every wake re-checks worker liveness
+_IDLE_POLL_MS = int(MAX_BLOCK_S * 1000)  # longest block; every wake re-checks worker liveness
+_DONE = Delivery(DONE, None, None)
 
 #: The consumer's average step (seconds between taking a batch and asking for the next) above
 #: which the thread takes over, and below which the consumer drives again.
@@ -100,16 +101,24 @@ class Pump:
     """Runs ``engine`` inline or on a daemon thread; see the module docstring."""
 
     def __init__(
-        self, engine: Engine, source: IndexSource, counts: Callable[[Any], Any], timeout_s: float
+        self,
+        engine: Engine,
+        source: IndexSource,
+        counts: Callable[[Any], Counts],
+        timeout_s: float,
+        host: HostPolicy,
     ) -> None:
         self.lock = threading.Lock()
         self._engine = engine
         self._source = source
         self._counts = counts
         self._timeout_s = timeout_s
-        self._ready: deque[tuple[int, Any, Any]] = deque()
+        # Appended under _cond by whichever driver; popped by the consumer alone (without the
+        # lock where it is not empty: deque operations are atomic).
+        self._ready: deque[Delivery] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._granted = 0  # written by the consumer only
+        self._skipped_grants = 0  # items still to be taken without granting (skip_grants)
         self._used = 0  # written under lock only
         self._spent = False  # the source returned _END (or raised) this epoch
         self._source_error: BaseException | None = None
@@ -132,7 +141,8 @@ class Pump:
         self._waiting = False  # the consumer is blocked on _cond (threaded)
         self._thread = threading.Thread(target=self._run, name="fastload-pump", daemon=True)
         self._started = False
-        self._cpus = allowed_cpus()  # the thread starts on the consumer's CPU, then gets these
+        self._host = host
+        self._cpus = host.thread_cpus()  # taken back as the thread begins (``_host.py``)
         self._follow_pace()  # inline, unless the thresholds say otherwise (tests set them)
 
     # -- the consumer's side ------------------------------------------------------------------
@@ -159,25 +169,49 @@ class Pump:
         if self._threaded and self._sleeping and self._granted > self._used:
             self._wake()
 
-    def get(self) -> tuple[int, Any, Any]:
-        """The next item in order, waiting for it (up to the loader's ``timeout``, if any)."""
-        if self._taken_at is not None:
-            step = time.perf_counter() - self._taken_at
+    def take(self, _clock: Callable[[], float] = time.perf_counter) -> Delivery:
+        """The next item in order, waiting for it (up to the loader's ``timeout``, if any). A
+        batch, or a batch that failed, grants the next task, as torch refills after each one
+        (less what :meth:`skip_grants` holds back). The threaded driver's common case, a batch
+        already waiting, is a few lines here: after a long step every line runs from cold
+        caches (``benchmarks/README.md``, "next() of a ready batch")."""
+        now = _clock()
+        taken_at = self._taken_at
+        if taken_at is not None:
+            step = now - taken_at
             self._step_s = self._step_s + _STEP_WEIGHT * (step - self._step_s) if self._paced else step
             self._paced = True
         threaded = self._threaded
-        handing_over = False
         if (self._step_s < FAST_STEP_S) if threaded else (self._step_s > SLOW_STEP_S):
-            handing_over = self._follow_pace()
-            threaded = self._threaded
-        try:
-            # The next() that hands over to the thread is served here: the batch is wanted now,
-            # and the thread, only just woken, would do the same work later.
-            return self._get_threaded() if threaded and not handing_over else self._get_inline()
-        finally:
-            if not self._started and not self._stop:
-                self._start_with_the_first_step()
-            self._taken_at = time.perf_counter()
+            # The next() that hands over to the thread is served here: the batch is wanted
+            # now, and the thread, only just woken, would do the same work later.
+            threaded = not self._follow_pace() and self._threaded
+        ready = self._ready
+        if threaded and ready:
+            item = ready.popleft()
+        else:
+            try:
+                item = self._get_threaded() if threaded else self._get_inline()
+            except BaseException:
+                self._taken_at = _clock()
+                raise
+        if item.kind <= FAILED:
+            if self._skipped_grants:
+                self._skipped_grants -= 1
+            elif threaded and self._threaded:  # grant(1), inline for the common case
+                self._granted += 1
+                if self._sleeping and self._granted - self._used >= 2:
+                    self._wake()
+            else:
+                self.grant()
+        if not self._started and not self._stop:
+            self._start_with_the_first_step()
+        self._taken_at = _clock()
+        return item
+
+    def skip_grants(self, n: int) -> None:
+        """The next ``n`` items grant nothing (a worker retires: fewer tasks in flight)."""
+        self._skipped_grants += n
 
     def _start_with_the_first_step(self) -> None:
         """The first batch is out: the thread starts and drives while the consumer takes its
@@ -188,7 +222,7 @@ class Pump:
         with self._park:
             self._threaded = True
         self._started = True
-        start_here(self._thread)
+        self._host.start_thread(self._thread)
 
     @property
     def threaded(self) -> bool:
@@ -206,49 +240,45 @@ class Pump:
                 self._park.notify()
             if not self._started and not self._stop:
                 self._started = True
-                start_here(self._thread)
+                self._host.start_thread(self._thread)
             return True
         return False
 
-    def _get_threaded(self) -> tuple[int, Any, Any]:
+    def _get_threaded(self) -> Delivery:
+        ready = self._ready
+        if ready:  # the thread did the work during the step: the common case, kept short
+            return ready.popleft()
         with self._cond:
-            if self._ready:
-                return self._ready.popleft()
             if self._granted > self._used:
                 self._wake()
-        deadline = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
+        deadline = Deadline(self._timeout_s)
         while True:
             # Nothing is ready: build a batch no worker has started rather than wait for one.
             helped = self._helps and self._help()
             with self._cond:
-                if self._ready:
-                    return self._ready.popleft()
+                if ready:
+                    return ready.popleft()
                 if helped:
                     continue
                 if not self._thread.is_alive():
                     raise RuntimeError("the DataLoader's engine thread stopped unexpectedly")
-                wait_s = 1.0
-                if deadline is not None:
-                    wait_s = deadline - time.monotonic()
-                    if wait_s <= 0:
-                        raise LoaderTimeoutError(
-                            f"DataLoader timed out after {self._timeout_s} seconds"
-                        )
+                wait_s = deadline.block_s()
                 blocked_at = time.perf_counter()
                 self._waiting = True  # the thread wakes us when it sends a task we could build
-                self._cond.wait(min(wait_s, 1.0))
+                self._cond.wait(wait_s)
                 self._waiting = False
                 self.waited_s += time.perf_counter() - blocked_at
-                if self._ready:
-                    return self._ready.popleft()
+                if ready:
+                    return ready.popleft()
 
-    def _get_inline(self) -> tuple[int, Any, Any]:
+    def _get_inline(self) -> Delivery:
         """Drive the engine on this thread until the next item is ready: send what the grants
         allow, then one poll (at once when results are waiting) and take what it found."""
-        deadline = time.monotonic() + self._timeout_s if self._timeout_s > 0 else None
+        deadline = Deadline(self._timeout_s)
+        ready_items = self._ready
         while True:
-            if self._ready:  # appended under _cond by whichever driver; popped only here
-                return self._ready.popleft()
+            if ready_items:
+                return ready_items.popleft()
             with self.lock:
                 if self._stop:
                     raise RuntimeError("the DataLoader's engine was closed")
@@ -257,16 +287,11 @@ class Pump:
                 halted = self._halted
                 if not halted:
                     generation, fds = self._engine.watch()
-            if self._ready:
-                return self._ready.popleft()
+            if ready_items:
+                return ready_items.popleft()
             if halted:  # the epoch's DONE or ERROR was taken already
-                return DONE, None, None
-            wait_ms = _IDLE_POLL_MS
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise LoaderTimeoutError(f"DataLoader timed out after {self._timeout_s} seconds")
-                wait_ms = min(wait_ms, max(1, int(left * 1000)))
+                return _DONE
+            wait_ms = max(1, int(deadline.block_s() * 1000))
             poller = self._inline_poller(generation, fds)
             ready = []
             if self._helps:
@@ -358,7 +383,7 @@ class Pump:
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
-        restore_cpus(self._cpus)
+        thread_begins(self._cpus)
         while True:
             with self._park:
                 while not self._threaded and not self._stop:
@@ -416,7 +441,7 @@ class Pump:
     def _halt(self, exc: BaseException) -> None:
         """The work raised: the consumer raises it; nothing more is sent."""
         self._halted = True
-        self._push((ERROR, exc, None))
+        self._push(Delivery(ERROR, exc, None))
 
     def _step(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
         self._dispatch()
@@ -450,8 +475,9 @@ class Pump:
             counts = self._counts
             self._push_all(
                 [
-                    (kind, value, known or (counts(value) if kind == OK else None))
-                    for kind, value, known in items
+                    item if item.counts is not None or item.kind is not OK
+                    else Delivery(OK, item.value, counts(item.value))
+                    for item in items
                 ]
             )
         if self._spent:
@@ -462,19 +488,19 @@ class Pump:
         if self._spent and not self._halted and engine.in_flight == 0 and engine.pending == 0:
             self._halted = True
             error, self._source_error = self._source_error, None
-            self._push((DONE, None, None) if error is None else (ERROR, error, None))
+            self._push(_DONE if error is None else Delivery(ERROR, error, None))
 
     def _refill(self) -> None:
         # An iterable dataset's worker ran dry: torch dispatches another task in its place.
         self._used -= 1
 
-    def _push(self, item: tuple[int, Any, Any]) -> None:
+    def _push(self, item: Delivery) -> None:
         self._push_all([item])
 
-    def _push_all(self, items: list[tuple[int, Any, Any]]) -> None:
+    def _push_all(self, items: list[Delivery]) -> None:
         with self._cond:
             self._ready.extend(items)
             self._cond.notify()
 
 
-__all__ = ["DONE", "ERROR", "FAILED", "OK", "IndexSource", "Pump", "end_marker"]
+__all__ = ["FAST_STEP_S", "SLOW_STEP_S", "IndexSource", "Pump", "end_marker"]

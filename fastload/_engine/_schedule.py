@@ -99,9 +99,6 @@ class Dispatcher:
         held.sort(key=lambda pair: pair[1].seq)
         return held
 
-    def holds(self, seq: int) -> bool:
-        return seq in self._holder
-
     def deactivate(self, worker_id: int) -> list[Task]:
         """The worker's iterable dataset is exhausted: it gets no more tasks, and the tasks it
         still holds produce nothing. Returns them, to be skipped."""

@@ -1,16 +1,13 @@
 """The worker process: receive tasks, build batches, send back results.
 
 A worker never decides anything: it builds what it is told, in the order it is told, and sends
-``(epoch, seq, kind, payload, busy_s, read_s)`` back on its own pipe (``busy_s``: seconds spent
-building; ``read_s``: of those, seconds in reads, where the builder knows). It exits when its task pipe is closed
-(end-of-file), when its parent dies (checked between tasks, at least every ``_POLL_S``), or when
-the result pipe breaks.
-See the shutdown NOTE in ``_pool.py``.
+one :class:`~fastload._engine._messages.Reply` per task back on its own pipe. It exits when its
+task pipe is closed (end-of-file), when its parent dies (checked between tasks, at least every
+``_POLL_S``), or when the result pipe breaks. See the shutdown NOTE in ``_pool.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import pickle
@@ -19,46 +16,23 @@ import select
 import signal
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data._utils import worker as torch_worker
 
-from fastload._engine._cores import confine
 from fastload._engine._fetch import IterableFetcher, make_fetcher
+from fastload._engine._host import WorkerHost
+from fastload._engine._messages import EXHAUSTED, FAILED, OK, Kind, Reply, Resume, WorkerFailure
 from fastload._engine._transport import dumps, take_frames, write_frame
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from multiprocessing.connection import Connection
 
-# Result kinds, the third element of every result message.
-OK = 0  # payload: the batch (or the fast path's slot descriptor)
-FAILED = 1  # payload: a WorkerFailure
-EXHAUSTED = 2  # payload: None; this worker's iterable dataset has no more items
-
 _POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class Resume:
-    """Start epoch ``epoch``: re-create the fetcher (an iterable dataset starts over)."""
-
-    epoch: int
-
-
-@dataclass
-class WorkerFailure:
-    """An exception raised while building one batch, carried to the main process."""
-
-    exc_type: type[BaseException]
-    message: str
-    traceback: str
-    worker_id: int
-    pid: int
-    index: Any
 
 
 @dataclass
@@ -77,7 +51,7 @@ class WorkerSpec:
     main_pid: int
     epoch: int
     builder: Any = None  # the fast path's batch builder; None for the generic path
-    cpus: frozenset[int] | None = None  # the CPUs to run on (see _cores.py); None: any
+    host: WorkerHost = field(default_factory=WorkerHost)  # what the host policy has it do
 
 
 def _seed(spec: WorkerSpec) -> int:
@@ -91,17 +65,6 @@ def _seed(spec: WorkerSpec) -> int:
         torch.default_generator.manual_seed(seed)  # capture took 6 ms of a worker's start)
     np.random.seed(torch_worker._generate_state(spec.base_seed, spec.worker_id))
     return seed
-
-
-def _yield_to_the_main_process() -> None:
-    """Run this worker under ``SCHED_BATCH`` (Linux): a worker woken by a new task then waits
-    for a free CPU instead of preempting the process that woke it. Under the default policy the
-    main process's write of a task took 135 µs on two cores, the worker running first on its
-    CPU; under this one 6 µs, and the consumer's step goes on while the worker builds."""
-    policy = getattr(os, "SCHED_BATCH", None)
-    if policy is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, policy, os.sched_param(0))
 
 
 def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
@@ -131,8 +94,7 @@ def worker_main(
         os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     ppid = os.getppid()
-    _yield_to_the_main_process()
-    confine(spec.cpus)  # before worker_init_fn, which may choose its own
+    spec.host.enter()  # before worker_init_fn, which may choose otherwise
     torch.set_num_threads(1)
     seed = _seed(spec)
     torch_worker._worker_info = torch_worker.WorkerInfo(
@@ -169,12 +131,12 @@ def worker_main(
                 if init_failure is None:
                     fetcher = _new_fetcher(spec)
                 continue
-            task_epoch, seq, index = msg
+            task_epoch, seq, index = msg  # a TaskMessage
             if exhausted:
                 continue  # the main process dropped this worker's tasks when it was told
             if init_failure is not None:  # reported with the first task, as torch does
                 failure = dataclasses.replace(init_failure, index=index)
-                reply: tuple[Any, ...] = (task_epoch, seq, FAILED, failure, 0.0, None)
+                reply = Reply(task_epoch, seq, FAILED, failure, 0.0, None)
                 init_failure = None
             else:
                 if builder is not None and not builder.claim(index):
@@ -183,12 +145,12 @@ def worker_main(
                 started = time.perf_counter()
                 kind, payload = _build(spec, fetcher, index)
                 busy_s = time.perf_counter() - started
-                reply = (task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None))
+                reply = Reply(task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None))
                 exhausted = kind == EXHAUSTED
             try:
                 data = encode(reply)
             except Exception as exc:  # an unpicklable batch fails that batch, not the worker
-                data = dumps((task_epoch, seq, FAILED, _failure(exc, spec, index), 0.0, None))
+                data = dumps(Reply(task_epoch, seq, FAILED, _failure(exc, spec, index), 0.0, None))
             del reply
             write_frame(results_fd, data)  # Connection's framing, without its per-call checks
             progress[spec.worker_id] = -1
@@ -196,19 +158,8 @@ def worker_main(
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return  # the main process is gone or closed our pipe
     finally:
-        _leave_quietly()
+        spec.host.leave()
         results.close()  # the goodbye: nothing of the main process's is touched after this
-
-
-def _leave_quietly() -> None:
-    """Lowest CPU priority, on any CPU, for what is left: the exit, where the kernel takes apart
-    the address space fork copied (5-9 ms here, with torch loaded). Measured on this 2-core
-    machine: two leaving workers at normal priority, or held to one CPU (``_cores.py``), kept
-    the main process, woken by their goodbyes, waiting 2-4 ms to run."""
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, 19)
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the kernel keeps the allowed ones
 
 
 _NOTHING = object()  # _Inbox.next: no message within the timeout
@@ -252,7 +203,7 @@ def _new_fetcher(spec: WorkerSpec) -> Any:
     return make_fetcher(spec.dataset, spec.auto_collation, spec.collate_fn, spec.drop_last)
 
 
-def _build(spec: WorkerSpec, fetcher: Any, index: Any) -> tuple[int, Any]:
+def _build(spec: WorkerSpec, fetcher: Any, index: Any) -> tuple[Kind, Any]:
     """``(kind, payload)`` for one task."""
     try:
         if spec.builder is not None:

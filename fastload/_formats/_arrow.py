@@ -101,6 +101,8 @@ class ArrowDataset(ShardedDataset):
     """
 
     _read_errors: ClassVar[tuple[type[BaseException], ...]] = ARROW_ERRORS
+    #: Every read is a function of the files and options alone (``fastload._protocols``).
+    process_independent_reads = True
 
     def __init__(
         self,

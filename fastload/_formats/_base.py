@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +30,7 @@ from fastload._formats._columns import (
     split_column,
 )
 from fastload._formats._validate import normalize_index, normalize_indices
-from fastload._types import Column, ColumnarBatch, Field
+from fastload._types import Column, ColumnarBatch, Field, Spans
 from fastload.errors import DataFormatError
 
 # State that belongs to one process and is dropped when pickling.
@@ -154,40 +154,55 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         writable. Raises ``IndexError`` for an index out of range, and
         :class:`DataFormatError` naming the file, the field and the samples for a damaged
         file."""
+        return cast(ColumnarBatch, self._read_rows(indices, in_place=False))
+
+    def read_batch_in_place(self, indices: npt.ArrayLike) -> dict[str, Column | Spans]:
+        """:meth:`read_batch` for the fast path's padding (``fastload._protocols``): when every
+        sample lies in one shard, a memory-mapped ragged field comes back as
+        :class:`~fastload._types.Spans` over the map instead of a concatenated copy (the
+        padding gathers from the map straight into the batch slot). Anything else is read as
+        by :meth:`read_batch`."""
+        return self._read_rows(indices, in_place=True)
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether :meth:`read_batch_in_place` reads what :meth:`read_batch` reads: not where a
+        subclass, or an instance, overrides ``read_batch`` alone (that one must be called)."""
+        if "read_batch" in vars(self):
+            return False
+        mro = type(self).__mro__
+        in_place = next(i for i, cls in enumerate(mro) if "read_batch_in_place" in vars(cls))
+        read = next(i for i, cls in enumerate(mro) if "read_batch" in vars(cls))
+        return in_place <= read
+
+    #: ``read_batch`` of the same indices gives the same bytes in any process
+    #: (``fastload._protocols``). Each reader class declares it in its own body; a subclass
+    #: that does not (it may read otherwise) has it false.
+    process_independent_reads = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "process_independent_reads" not in vars(cls):
+            cls.process_independent_reads = False
+
+    def _read_rows(self, indices: npt.ArrayLike, *, in_place: bool) -> dict[str, Column | Spans]:
         rows = normalize_indices(indices, self._num_samples)
         if rows.size == 0:
             return {name: empty_column(field) for name, field in self._fields.items()}
         if len(self._files) == 1:
-            return {name: self._read(0, name, rows, rows) for name in self._fields}
+            return {name: self._read(0, name, rows, rows, in_place=in_place) for name in self._fields}
         shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
         if shard[0] == shard[-1] and (shard == shard[0]).all():
             s = int(shard[0])
             local = rows - self._shard_starts[s]
-            return {name: self._read(s, name, local, rows) for name in self._fields}
-        return self._read_across_shards(rows, shard)
+            return {name: self._read(s, name, local, rows, in_place=in_place) for name in self._fields}
+        return dict(self._read_across_shards(rows, shard))
 
-    def _read_batch_in_place(self, indices: npt.ArrayLike) -> ColumnarBatch:
-        """:meth:`read_batch` for the fast path's padding: when every sample lies in one shard,
-        a memory-mapped ragged field comes back as :class:`~fastload._types.Spans` over the map
-        instead of a concatenated copy (the padding gathers from the map straight into the
-        batch slot). Anything else is read as by :meth:`read_batch`."""
-        rows = normalize_indices(indices, self._num_samples)
-        if rows.size == 0:
-            return self.read_batch(rows)
-        if len(self._files) == 1:
-            return {name: self._read(0, name, rows, rows, in_place=True) for name in self._fields}
-        shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
-        if (shard == shard[0]).all():
-            s = int(shard[0])
-            local = rows - self._shard_starts[s]
-            return {name: self._read(s, name, local, rows, in_place=True) for name in self._fields}
-        return self._read_across_shards(rows, shard)
-
-    def _mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None:
-        """For the fast path's one-call builds: ``(field, values, offsets)`` when the dataset is
-        one file with one field, ragged, whose values and int64 offsets lie in a memory map in
-        native byte order (sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``), else
-        ``None``. Opens the file in this process."""
+    def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None:
+        """For one-call builds (``fastload._protocols``): ``(field, values, offsets)`` when the
+        dataset is one file with one field, ragged, whose values and int64 offsets lie in a
+        memory map in native byte order (sample ``i`` is ``values[offsets[i]:offsets[i +
+        1]]``), else ``None``. Opens the file in this process."""
         if len(self._files) != 1 or len(self._fields) != 1:
             return None
         (name, field), = self._fields.items()

@@ -81,6 +81,8 @@ class HDF5Dataset(ShardedDataset):
 
     # UnicodeDecodeError: a string dataset tagged UTF-8 holding other bytes.
     _read_errors: ClassVar[tuple[type[BaseException], ...]] = (OSError, UnicodeDecodeError)
+    #: Every read is a function of the files and options alone (``fastload._protocols``).
+    process_independent_reads = True
 
     def __init__(
         self,

@@ -121,15 +121,15 @@ def _plan(size: int = 8) -> list[list[int]]:
 
 def test_the_fast_path_starts_its_thread_with_the_first_batch_and_the_generic_path_never(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
-    assert it.fast_path and it._pump is not None
-    assert not _pump_threads() and not it._pump.threaded  # the first batch is taken inline
+    assert it.fast_path and it._runner._pump is not None
+    assert not _pump_threads() and not it._runner._pump.threaded  # the first batch is taken inline
     next(it)
-    assert it._pump.threaded and len(_pump_threads()) == 1  # it drives during the first step
+    assert it._runner._pump.threaded and len(_pump_threads()) == 1  # it drives during the first step
     _, threaded = _batches_seen(it, lambda k: 0)  # fast steps: next() takes over, the thread parks
     assert not all(threaded)
     assert wait_until(lambda: not _pump_threads())  # and stops with the epoch
     generic = iter(fastload.DataLoader(torch.arange(40), batch_size=8, num_workers=2))
-    assert generic._pump is None and not _pump_threads()
+    assert not generic._runner.fast and not _pump_threads()
     list(generic)
 
 
@@ -151,7 +151,7 @@ def test_the_sampler_runs_ahead_by_prefetch_factor_times_workers_and_no_more(h5:
 
 def test_batches_are_built_before_the_consumer_asks_and_decoded_too_by_the_thread(h5: Path, driver: str) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
-    pump = it._pump
+    pump = it._runner._pump
     if driver == "threaded":
         assert wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
     else:  # inline: the 4 tasks went out with iter(); both workers' replies wait in their pipes
@@ -266,7 +266,7 @@ def _batches_seen(it: Any, pace_s: Any) -> tuple[list[list[int]], list[bool]]:
     seen, threaded = [], []
     for k, batch in enumerate(it):
         seen.append(batch["lengths"].tolist())
-        threaded.append(it._pump.threaded)
+        threaded.append(it._runner._pump.threaded)
         del batch
         if pace_s(k):
             time.sleep(pace_s(k))
@@ -291,12 +291,12 @@ def test_dropping_the_iterator_while_the_thread_is_parked_stops_it_and_the_worke
     pids = it.worker_pids
     for _ in range(5):
         next(it)
-    assert it._pump.threaded and len(_pump_threads()) == 1
+    assert it._runner._pump.threaded and len(_pump_threads()) == 1
     monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)  # then next() does, from the next batch on
     monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
     for _ in range(5):
         next(it)
-    assert not it._pump.threaded and len(_pump_threads()) == 1  # parked, not gone
+    assert not it._runner._pump.threaded and len(_pump_threads()) == 1  # parked, not gone
     del it
     gc.collect()
     assert wait_until(lambda: not _pump_threads())

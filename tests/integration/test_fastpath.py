@@ -171,10 +171,10 @@ def test_slots_are_reused_when_batches_are_released(h5: Path) -> None:
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate())
     it = iter(loader)
     next(it)
-    start = it._arena.total_bytes
+    start = it._runner._arena.total_bytes
     for _ in it:
         pass
-    assert it._arena is None  # released at the end of the epoch
+    assert it._runner is None  # released at the end of the epoch
     assert start > 0
 
 
@@ -197,7 +197,7 @@ def test_an_oversize_batch_gets_a_temporary_slot(h5: Path, fields: list[str] | N
     plan = [[0, 1], list(range(2, N)), [0], [3, 4]]
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5, fields=fields), batch_sampler=_Plan(plan), num_workers=1, collate_fn=_collate())
     it = iter(loader)
-    codec = it._codec
+    codec = it._runner._codec
     for a, b in zip(it, _reference(h5, plan, fields), strict=True):
         _same(a, b)
     assert codec.oversize_batches == 1
@@ -256,11 +256,11 @@ def test_persistent_workers_keep_their_slots_across_epochs(h5: Path) -> None:
     )
     first = [b["lengths"].clone() for b in loader]
     it = loader._iterator
-    arena = it._arena
+    arena = it._runner._arena
     for _ in range(3):
         again = [b["lengths"].clone() for b in loader]
         assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
-    assert loader._iterator._arena is arena
+    assert loader._iterator._runner._arena is arena
 
 
 def test_breaking_out_of_a_persistent_epoch_then_iterating_again_is_exact(h5: Path) -> None:
@@ -284,12 +284,11 @@ def test_pin_memory_without_cuda_warns_and_returns_the_same_batches(h5: Path) ->
         _same(a, b)
 
 
-def test_device_cuda_without_cuda_is_a_clear_error(h5: Path) -> None:
+def test_device_cuda_without_cuda_is_a_clear_error_at_construction(h5: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, device="cuda")
     with pytest.raises(RuntimeError, match="CUDA is not available"):
-        iter(loader)
+        fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, device="cuda")
 
 
 def test_device_cpu_is_a_no_op(h5: Path) -> None:

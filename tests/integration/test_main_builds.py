@@ -199,7 +199,7 @@ def test_an_oversize_batch_the_main_process_took_gets_a_bigger_slot_from_a_worke
             _same(list(loader), want)
     finally:
         timer.join()
-    assert loader._iterator._codec.oversize_batches == 2  # once per epoch
+    assert loader._iterator._runner._codec.oversize_batches == 2  # once per epoch
 
 
 class _MyPad(fastload.PadCollate):

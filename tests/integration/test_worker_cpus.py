@@ -62,7 +62,7 @@ def test_fast_path_workers_run_off_the_consumers_cpu_and_generic_ones_anywhere(h
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
     for _ in range(2):
         next(it)
-    confined = it._cores.worker_cpus
+    confined = it._runner._cores.worker_cpus
     assert confined is not None and len(confined) == len(allowed) - 1 and confined < allowed
     # Each worker places itself as it starts (the main process may have built the first batches
     # before one had: see _engine/_claims.py).
@@ -81,7 +81,7 @@ def test_a_worker_init_fn_that_places_its_worker_is_obeyed(h5: Path) -> None:
     )
     it = iter(loader)
     next(it), next(it)
-    assert it._cores.confining  # fastload would have kept them off the consumer's CPU
+    assert it._runner._cores.confining  # fastload would have kept them off the consumer's CPU
     assert _cpus(it.worker_pids) == [_ALL] * 2
     list(it)
 
@@ -90,18 +90,18 @@ def test_a_starved_consumer_gets_its_workers_every_cpu_when_a_trial_shows_them_f
     allowed = os.sched_getaffinity(0)
     it = iter(fastload.DataLoader(_Busy(h5), batch_size=1, num_workers=2, collate_fn=_collate()))
     pids = it.worker_pids
-    assert it._cores.worker_cpus is not None
-    confined = [set(it._cores.worker_cpus)] * 2
+    assert it._runner._cores.worker_cpus is not None
+    confined = [set(it._runner._cores.worker_cpus)] * 2
     seen: list[Any] = []
     for k, batch in enumerate(it, start=1):
         seen.extend(batch["lengths"].tolist())
         if k == WARMUP - 1:  # the warm-up is never judged, however starved
-            assert _cpus(pids) == confined and it._cores.confining
+            assert _cpus(pids) == confined and it._runner._cores.confining
         if k == WARMUP + WINDOW + 1:  # the first window was starved: the trial's release
-            assert _cpus(pids) == [allowed] * 2 and not it._cores.confining
+            assert _cpus(pids) == [allowed] * 2 and not it._runner._cores.confining
         if k == WARMUP + 2 * WINDOW + 1:  # the trial's confined window
-            assert _cpus(pids) == confined and it._cores.confining
+            assert _cpus(pids) == confined and it._runner._cores.confining
         if k == WARMUP + 3 * WINDOW + 1:  # released twice as fast: for good
             assert _cpus(pids) == [allowed] * 2
-            assert not it._cores.confining and not it._cores.deciding
+            assert not it._runner._cores.confining and not it._runner._cores.deciding
     assert seen == fastload.HDF5Dataset(h5).lengths.tolist()

@@ -102,7 +102,7 @@ def test_a_temporary_slot_is_freed_when_released() -> None:
 def test_a_worker_view_shares_memory_with_the_main_process() -> None:
     arena = _arena()
     ref = arena.reserve()
-    view = WorkerSlots(os.getpid()).view(ref)
+    view = WorkerSlots(os.getpid()).segment(ref)[ref.offset : ref.offset + ref.capacity]
     assert view.nbytes == ref.capacity
     view[:32].view(np.int64)[:] = [1, 2, 3, 4]
     del view
@@ -127,3 +127,55 @@ def test_close_with_live_views_keeps_them_readable() -> None:
     arena.close()
     assert base.tolist() == [7] * 16
     arena.close()  # idempotent
+
+
+def test_resize_retires_the_old_slots_and_frees_each_segment_once_its_slots_are_back() -> None:
+    arena = SlotArena(slot_bytes=10_000, slots=3, max_bytes=1 << 26)
+    held = arena.reserve()
+    viewed = arena.export(arena.reserve(), 64)
+    old_segment = held.segment
+    arena.resize(100_000)
+    assert arena.capacity >= 100_000 and arena.live_from > old_segment
+    fresh = arena.reserve()
+    assert fresh.capacity >= 100_000 and fresh.segment >= arena.live_from
+    assert old_segment in arena._segments  # two of its slots are still out
+    arena.release(held)
+    assert old_segment in arena._segments
+    del viewed  # the consumer drops its batch: the last slot of the old size comes back
+    assert old_segment not in arena._segments
+    assert all(ref.capacity >= 100_000 for ref in arena._free)  # old slots never handed out again
+    assert arena.in_use == 1
+    arena.release(fresh)
+    assert arena.in_use == 0
+    arena.close()
+
+
+def test_an_arena_made_without_slots_is_sized_by_its_first_resize() -> None:
+    arena = SlotArena(slot_bytes=0, slots=4, max_bytes=1 << 26)
+    assert arena.total_bytes == 0 and arena.capacity == 0
+    with pytest.raises(RuntimeError, match="before the slots were sized"):
+        arena.reserve()
+    arena.resize(5_000)
+    refs = [arena.reserve() for _ in range(4)]
+    assert len({r.segment for r in refs}) == 1 and arena.total_bytes == 4 * arena.slot_bytes
+    arena.close()
+
+
+def test_a_worker_unmaps_retired_segments_and_the_ones_it_will_not_write_again() -> None:
+    arena = SlotArena(slot_bytes=10_000, slots=2, max_bytes=1 << 26)
+    worker = WorkerSlots(os.getpid())
+    old = arena.reserve()
+    worker.segment(old)
+    arena.resize(50_000)
+    new = arena.reserve()
+    worker.segment(new)
+    worker.retire_below(arena.live_from)
+    assert set(worker._maps) == {new.segment}
+    worker.segment(old)  # a task re-sent into an old slot (its worker died) maps it again ...
+    worker.done_with(old)  # ... and unmaps it once built
+    assert set(worker._maps) == {new.segment}
+    worker.done_with(new)
+    assert set(worker._maps) == {new.segment}  # a live slot stays mapped
+    arena.release(old)
+    arena.release(new)
+    arena.close()

@@ -15,7 +15,9 @@ import torch
 
 import fastload
 from fastload._engine._arena import SlotArena
-from fastload._engine._fastpath import SlotBuilder, SlotCodec, slot_bytes_bound
+from fastload._engine._builder import SlotBuilder
+from fastload._engine._sizing import slot_bytes_bound
+from fastload._engine._slots import SlotCodec
 
 DELAY_S = 0.05
 
@@ -23,14 +25,14 @@ DELAY_S = 0.05
 class _SlowCollate(fastload.PadCollate):
     """Padding that takes at least DELAY_S, whichever way the builder asks for it."""
 
-    def _prepare(self, batch: Any) -> Any:
-        prepared = super()._prepare(batch)
+    def prepare(self, batch: Any) -> Any:
+        prepared = super().prepare(batch)
 
-        def write(out: Any) -> None:
+        def fill(out: Any) -> None:
             time.sleep(DELAY_S)
-            prepared.write(out)
+            prepared.fill(out)
 
-        return SimpleNamespace(layout=prepared.layout, write=write)
+        return SimpleNamespace(layout=prepared.layout, fill=fill, counts=prepared.counts)
 
 
 class _CopiesOnly:

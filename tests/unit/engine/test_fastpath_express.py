@@ -1,4 +1,4 @@
-"""The fast path's one-call builds (``_Express``): where they apply, they write the same bytes
+"""The fast path's one-call builds (``_collate/_express.py``): where they apply, they write the same bytes
 and describe the same batch as the general builder; where they do not, they stay out."""
 
 from __future__ import annotations
@@ -15,15 +15,10 @@ import torch
 import fastload
 from fastload._engine import _claims as claims
 from fastload._engine._arena import SlotArena
-from fastload._engine._engine import RESEND
-from fastload._engine._fastpath import (
-    Oversize,
-    SlotBatch,
-    SlotBuilder,
-    SlotCodec,
-    SlotTask,
-    slot_bytes_bound,
-)
+from fastload._engine._builder import SlotBuilder
+from fastload._engine._sizing import slot_bytes_bound
+from fastload._engine._slots import RESEND, SlotBatch, SlotCodec, SlotTask
+from fastload._protocols import TooLarge
 
 N = 200
 
@@ -54,7 +49,7 @@ def _build(ds: Any, collate: Any, plans: list[list[int]], *, express: bool, slot
     codec = SlotCodec(arena)
     builder = SlotBuilder(ds, collate, os.getpid())
     if not express:
-        builder._express_tried = True
+        builder._one_call_tried = True
     out: list[tuple[Any, dict[str, np.ndarray] | None]] = []
     for indices in plans:
         task = codec.task(indices)
@@ -66,7 +61,7 @@ def _build(ds: Any, collate: Any, plans: list[list[int]], *, express: bool, slot
         else:
             out.append((built, None))
             codec.drop(task)
-    out.append((builder._express is not None, None))
+    out.append((builder._one_call is not None, None))
     arena.close()
     return out
 
@@ -116,7 +111,7 @@ def test_an_oversize_batch_asks_for_the_same_bigger_slot(tmp_path: Path) -> None
     fast = _build(ds, fastload.PadCollate(), plans, express=True, slot_rows=8)
     slow = _build(ds, fastload.PadCollate(), plans, express=False, slot_rows=8)
     assert fast[-1][0] is True
-    assert isinstance(fast[1][0], Oversize) and fast[1][0] == slow[1][0]
+    assert isinstance(fast[1][0], TooLarge) and fast[1][0] == slow[1][0]
 
 
 def test_a_temporary_slot_is_unmapped_in_the_worker_once_built(tmp_path: Path) -> None:
@@ -125,10 +120,10 @@ def test_a_temporary_slot_is_unmapped_in_the_worker_once_built(tmp_path: Path) -
     codec = SlotCodec(arena)
     builder = SlotBuilder(ds, fastload.PadCollate(), os.getpid())
     builder.build(codec.task([1]))
-    assert builder._express is not None
+    assert builder._one_call is not None
     task = codec.task(list(range(120)))
     oversize = builder.build(task)
-    assert isinstance(oversize, Oversize)
+    assert isinstance(oversize, TooLarge)
     bigger = codec.retry(task, oversize)
     assert bigger is not None and bigger.slot.temporary
     assert isinstance(builder.build(bigger), SlotBatch)
@@ -143,7 +138,7 @@ def test_an_index_out_of_range_goes_the_general_way_and_raises_its_error(tmp_pat
     codec = SlotCodec(arena)
     builder = SlotBuilder(ds, fastload.PadCollate(), os.getpid())
     builder.build(codec.task([1, 2]))
-    assert builder._express is not None
+    assert builder._one_call is not None
     with pytest.raises(IndexError, match=r"index 200 \(position 1 of the request\) is out of range"):
         builder.build(codec.task([4, 200]))
     negative = builder.build(codec.task([-1, 0]))  # negative indices count from the end, as ever
@@ -153,8 +148,8 @@ def test_an_index_out_of_range_goes_the_general_way_and_raises_its_error(tmp_pat
 
 
 class _OwnPlanning(fastload.PadCollate):
-    def _prepare(self, batch: Any) -> Any:
-        return super()._prepare(batch)
+    def prepare(self, batch: Any) -> Any:
+        return super().prepare(batch)
 
 
 @pytest.mark.parametrize(
@@ -233,13 +228,13 @@ def test_where_the_main_process_may_not_build_it_stops_trying(tmp_path: Path) ->
 def test_every_batch_from_the_first_on_is_a_one_call_build(tmp_path: Path) -> None:
     ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5"))
     general_reads: list[Any] = []
-    read_in_place = ds._read_batch_in_place
+    read_in_place = ds.read_batch_in_place
 
     def counted(indices: Any) -> Any:
         general_reads.append(indices)
         return read_in_place(indices)
 
-    ds._read_batch_in_place = counted  # type: ignore[method-assign]
+    ds.read_batch_in_place = counted  # type: ignore[method-assign]
     built = _build(ds, fastload.PadCollate(), PLANS, express=True)
     assert built[-1][0] is True
     assert all(isinstance(b, SlotBatch) for b, _ in built[:-1])

@@ -53,9 +53,9 @@ def test_complete_returns_the_holder_and_frees_the_task() -> None:
     d = _dispatcher(2)
     task = Task(5, [1, 2])
     d.assign(1, task)
-    assert d.holds(5)
+    assert d.held() == [(1, task)] and d.in_flight == 1
     assert d.complete(5) is task
-    assert not d.holds(5)
+    assert d.held() == []
     assert d.in_flight == 0
 
 

@@ -30,7 +30,8 @@ from _format_files import (
 )
 
 from fastload import ArrowDataset
-from fastload._types import BatchReader, Field, Ragged
+from fastload._protocols import BatchReader
+from fastload._types import Field, Ragged
 from fastload.errors import DataFormatError
 
 # Each layout writes the corpus and returns (what to open, the table pyarrow reads back).

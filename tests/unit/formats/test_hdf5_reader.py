@@ -27,7 +27,8 @@ from _format_files import (
 
 from fastload import HDF5Dataset
 from fastload._formats._hdf5_shard import H5Shard, MappedShard
-from fastload._types import BatchReader, Field, Ragged
+from fastload._protocols import BatchReader
+from fastload._types import Field, Ragged
 from fastload.errors import DataFormatError
 
 Writer = Callable[[Path, Corpus], Path]

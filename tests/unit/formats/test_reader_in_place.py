@@ -1,4 +1,4 @@
-"""``_read_batch_in_place``: what the fast path's workers read with. Memory-mapped ragged fields
+"""``read_batch_in_place``: what the fast path's workers read with. Memory-mapped ragged fields
 come back as ``Spans`` over the map (no copy); everything else exactly as ``read_batch``."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _same(a: object, b: object) -> None:
 
 def test_mapped_ragged_fields_are_spans_over_the_map_and_read_the_same(corpus: Corpus, tmp_path: Path) -> None:
     ds = fastload.HDF5Dataset(write_fastload(tmp_path / "a.h5", corpus))
-    in_place, copied = ds._read_batch_in_place(ROWS), ds.read_batch(ROWS)
+    in_place, copied = ds.read_batch_in_place(ROWS), ds.read_batch(ROWS)
     assert isinstance(in_place["tokens"], Spans) and isinstance(in_place["frames"], Spans)
     assert not in_place["tokens"].source.flags.writeable  # the map itself, not a copy
     assert in_place.keys() == copied.keys()
@@ -55,16 +55,16 @@ def test_chunked_files_and_batches_across_shards_are_read_as_by_read_batch(
     ds = fastload.HDF5Dataset(paths)
     across = [1, half + 3, 2]
     within = [half + 1, half + 4] if chunked else [1, 2]
-    got = ds._read_batch_in_place(across)
+    got = ds.read_batch_in_place(across)
     assert isinstance(got["tokens"], Ragged)  # samples from two maps cannot be one Spans
     for name, column in ds.read_batch(across).items():
         _same(got[name], column)
-    inside = ds._read_batch_in_place(within)
+    inside = ds.read_batch_in_place(within)
     assert isinstance(inside["tokens"], Spans)
     for name, column in ds.read_batch(within).items():
         _same(inside[name], column)
     if chunked:  # the chunked shard has no map to leave samples in
-        assert isinstance(ds._read_batch_in_place([1, 2])["tokens"], Ragged)
+        assert isinstance(ds.read_batch_in_place([1, 2])["tokens"], Ragged)
 
 
 def test_non_native_byte_order_is_read_as_by_read_batch(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_non_native_byte_order_is_read_as_by_read_batch(tmp_path: Path) -> None:
         f.create_dataset("tokens/values", data=rng.integers(0, 1000, int(offsets[-1])).astype(">i4"))
         f.create_dataset("tokens/offsets", data=offsets)
     ds = fastload.HDF5Dataset(tmp_path / "be.h5")
-    got = ds._read_batch_in_place([3, 1, 19])
+    got = ds.read_batch_in_place([3, 1, 19])
     assert isinstance(got["tokens"], Ragged)  # swapped to native order: not left in the map
     assert got["tokens"].values.dtype == np.dtype("int32")
     _same(got["tokens"], ds.read_batch([3, 1, 19])["tokens"])

@@ -280,7 +280,8 @@ def test_record_gives_the_same_stats_as_begin_and_end_wait_across_folds() -> Non
         clocks[0].advance(step)
         begin = clocks[1]()
         clocks[1].advance(wait)
-        meters[1].record(begin, 4, 30, 40)[0] = clocks[1]()
+        entry = meters[1].record(begin, 4, 30, 40)
+        entry[0] = clocks[1]()
         clocks[1].advance(step)
     assert meters[1].snapshot() == meters[0].snapshot()
     assert meters[1].snapshot().batches == 700

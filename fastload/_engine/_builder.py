@@ -1,0 +1,142 @@
+"""The fast path, worker side: build one batch straight into the slot its task names.
+
+The builder reads the task's samples in one call, asks the collate for the output layout, and
+pads into the slot; or, where the collate offers one (``fastload._protocols.OneCallBuilder``),
+builds the whole batch in one native call. It also reads and writes the two per-batch messages
+in their binary form (``_slots.py``). In the main process, given the arena, the same builder
+builds the batches the main process takes over (``_claims.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+
+from fastload._engine import _claims as claims
+from fastload._engine._arena import SlotArena, SlotRef, WorkerSlots
+from fastload._engine._messages import OK, Reply, TaskMessage
+from fastload._engine._sizing import plan_layout
+from fastload._engine._slots import REPLY, TASK, UNKNOWN, SlotBatch, SlotTask
+from fastload._engine._transport import is_pickle
+from fastload._protocols import Built, OneCallBuilder, TooLarge
+from fastload._types import Counts, Spans
+
+
+def batch_reader(dataset: Any) -> Any:
+    """How the builder reads a batch: in place where the dataset can (``reads_in_place``: a
+    memory-mapped ragged field is then gathered straight from the map), else ``read_batch``."""
+    if getattr(dataset, "reads_in_place", False):
+        return dataset.read_batch_in_place
+    return dataset.read_batch
+
+
+class SlotBuilder:
+    """Builds one batch into its slot (a worker's ``fetcher``, or the main process's, given the
+    arena as ``slots``)."""
+
+    def __init__(self, dataset: Any, collate: Any, main_pid: int, slots: SlotArena | None = None) -> None:
+        self.dataset = dataset
+        self.collate = collate
+        self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
+        self._slots: WorkerSlots | SlotArena = WorkerSlots(main_pid) if slots is None else slots
+        self._read: Any = None  # looked up on the first build, in the process that builds
+        self._one_call: OneCallBuilder | None = None
+        self._one_call_tried = False  # decided once, at the first build (or one_call())
+
+    def task_message(self, data: bytes) -> Any:
+        """A message from the main process: a :class:`TaskMessage` of a :class:`SlotTask`, or
+        a pickled message."""
+        if is_pickle(data):
+            return pickle.loads(data)
+        _, epoch, seq, *slot, ticket, live_from = TASK.unpack_from(data)
+        raw = data[TASK.size :]
+        if isinstance(self._slots, WorkerSlots):
+            self._slots.retire_below(live_from)
+        return TaskMessage(epoch, seq, SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw, ticket))
+
+    def claim(self, task: SlotTask) -> bool:
+        """Take ``task`` before building it (``_claims.py``): ``False`` when the main process
+        has built it already, and this worker must drop it without a reply."""
+        if not task.ticket:
+            return True
+        slot = task.slot
+        return claims.claim(self._slots.segment(slot), slot.claim_at, task.ticket, claims.WORKER)
+
+    @staticmethod
+    def result_bytes(reply: Reply) -> bytes:
+        """The worker's reply as bytes."""
+        epoch, seq, kind, payload, busy_s, read_s = reply
+        if kind != OK or not isinstance(payload, SlotBatch):
+            return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+        rows, real, padded = payload.counts or (UNKNOWN, None, None)
+        head = REPLY.pack(
+            b"R", epoch, seq, payload.nbytes, rows,
+            UNKNOWN if real is None else real, UNKNOWN if padded is None else padded,
+            busy_s, math.nan if read_s is None else read_s,
+        )  # fmt: skip
+        return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
+
+    def one_call(self) -> bool:
+        """Whether this builder's batches are one-call builds (judged once, at first asked,
+        from the dataset and the collate alone)."""
+        if not self._one_call_tried:
+            self._one_call_tried = True
+            offer = getattr(self.collate, "one_call_builder", None)
+            self._one_call = offer(self.dataset) if offer is not None else None
+        return self._one_call is not None
+
+    def build(self, task: SlotTask) -> SlotBatch | TooLarge:
+        slot = task.slot
+        try:
+            if self.one_call():
+                assert self._one_call is not None
+                built = self._one_call.build_into(task.raw, self._slots.segment(slot), slot.offset, slot.capacity)
+                if isinstance(built, Built):
+                    self.last_read_s = self._one_call.last_s  # all of it reads from the map
+                    return SlotBatch(built.arrays, None, built.nbytes, built.counts)
+                if built is not None:
+                    return built
+            return self._build_general(task)
+        finally:
+            if isinstance(self._slots, WorkerSlots):
+                self._slots.done_with(slot)
+
+    def _build_general(self, task: SlotTask) -> SlotBatch | TooLarge:
+        started = time.perf_counter()
+        if self._read is None:
+            self._read = batch_reader(self.dataset)
+        columnar = self._read(task.indices)
+        self.last_read_s = time.perf_counter() - started
+        # A collate that plans a batch once for both halves is asked once; any other twice.
+        prepare = getattr(self.collate, "prepare", None)
+        prepared = prepare(columnar) if prepare is not None else None
+        layout = prepared.layout if prepared is not None else self.collate.layout(columnar)
+        arrays, nbytes = plan_layout(layout)
+        if nbytes > task.slot.capacity:
+            return TooLarge(nbytes)
+        segment = self._slots.segment(task.slot)
+        base = task.slot.offset
+        out = {
+            name: np.ndarray(shape, dtype, buffer=segment, offset=base + off)
+            for name, off, shape, dtype in arrays
+        }
+        if prepared is not None:
+            prepared.fill(out)  # it made the layout these arrays follow: no need to check them
+        else:
+            self.collate.collate_into(columnar, out)
+        del out, segment
+        if any(isinstance(column, Spans) for column in columnar.values()):
+            # Samples left in the map are read by the gather into the slot: that is the read
+            # (page faults on a cold file land there), so it counts as read time.
+            self.last_read_s = time.perf_counter() - started
+        objects = {k: v for k, v in columnar.items() if isinstance(v, list)} or None
+        counts: Counts | None = prepared.counts if prepared is not None else None
+        described = tuple([(n, off, shape, dt.str) for n, off, shape, dt in arrays])
+        return SlotBatch(described, objects, nbytes, counts)
+
+
+__all__ = ["SlotBuilder", "batch_reader"]

@@ -1,0 +1,95 @@
+"""The messages between the main process and its workers, and what the engine hands out.
+
+Per batch, the main process sends a task and the worker replies once. On the generic path both
+are pickles of the types below; on the fast path the two per-batch messages have a binary form
+of their own (``_slots.py``) that decodes into the same :class:`Reply`. Everything rarer
+(:class:`Resume`, a stop, a failure) is a pickle on either path.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from fastload._types import Counts
+
+
+class Kind(enum.IntEnum):
+    """What a reply, or an item the engine hands out, is."""
+
+    OK = 0  # a batch (the fast path: its slot descriptor)
+    FAILED = 1  # building the batch raised: a WorkerFailure, raised in the consumer in turn
+    EXHAUSTED = 2  # the worker's iterable dataset has no more items (no payload)
+    DONE = 3  # handed out only: nothing is left this epoch
+    ERROR = 4  # handed out only: the epoch cannot go on (raise and stop)
+
+
+# Module-level names for the hot paths (a module global is cheaper than an enum attribute).
+OK, FAILED, EXHAUSTED, DONE, ERROR = Kind.OK, Kind.FAILED, Kind.EXHAUSTED, Kind.DONE, Kind.ERROR
+
+
+class TaskMessage(NamedTuple):
+    """Build batch ``seq`` of ``epoch`` from the sampler's ``index``."""
+
+    epoch: int
+    seq: int
+    index: Any
+
+
+class Reply(NamedTuple):
+    """A worker's answer to one task: ``payload`` is the batch for ``OK``, a
+    :class:`WorkerFailure` for ``FAILED``, ``None`` for ``EXHAUSTED``; ``busy_s`` the seconds it
+    spent building, ``read_s`` those of them in reads (``None`` where the builder cannot
+    tell)."""
+
+    epoch: int
+    seq: int
+    kind: Kind
+    payload: Any
+    busy_s: float
+    read_s: float | None
+
+
+class Delivery(NamedTuple):
+    """What the engine hands the consumer next: ``(OK, batch, counts)``, ``(FAILED,
+    exception, None)`` (the epoch goes on after it), ``(ERROR, exception, None)`` or ``(DONE,
+    None, None)``. ``counts`` is ``None`` where the payload does not say them."""
+
+    kind: Kind
+    value: Any
+    counts: Counts | None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Start epoch ``epoch``: re-create the fetcher (an iterable dataset starts over)."""
+
+    epoch: int
+
+
+@dataclass
+class WorkerFailure:
+    """An exception raised while building one batch, carried to the main process."""
+
+    exc_type: type[BaseException]
+    message: str
+    traceback: str
+    worker_id: int
+    pid: int
+    index: Any
+
+
+__all__ = [
+    "DONE",
+    "ERROR",
+    "EXHAUSTED",
+    "FAILED",
+    "OK",
+    "Delivery",
+    "Kind",
+    "Reply",
+    "Resume",
+    "TaskMessage",
+    "WorkerFailure",
+]

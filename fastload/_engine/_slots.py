@@ -1,0 +1,249 @@
+"""The fast path, main process side: tasks into shared-memory slots, batches out of them.
+
+A task's index is a :class:`SlotTask` (sample indices plus the slot reserved for the batch). The
+worker (``_builder.py``) reads the samples in one call and pads straight into the slot; it sends
+back only a :class:`SlotBatch` descriptor (names, offsets, shapes, dtypes). :class:`SlotCodec`
+wraps the slot in tensors without copying; the slot returns to the arena when the last of those
+tensors is garbage-collected.
+
+The two messages sent once per batch have a binary form of their own (the rest, rare, are
+pickles): a task is ``b"T"``, the header and the indices' raw bytes; a built batch is ``b"R"``,
+a header and the pickled array descriptor. Both are a few struct calls where a pickle of the
+same objects costs several microseconds at each end.
+
+While the consumer would wait, the main process may build a task no worker has started itself
+(:meth:`SlotCodec.take_over`); a ticket in each task and a claim word in each slot make sure
+exactly one of them does (``_claims.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from fastload._engine import _claims as claims
+from fastload._engine._arena import SlotArena, SlotRef
+from fastload._engine._messages import OK, Reply
+from fastload._engine._sizing import BatchBytes, SlotSizing
+from fastload._protocols import TooLarge
+from fastload._types import Counts
+
+# b"T", epoch, seq, the SlotRef's six fields, the ticket (see _claims.py), the arena's live_from,
+# then the int64 indices.
+TASK = struct.Struct("<cqqqqqqq?qq")
+# b"R", epoch, seq, nbytes, rows, real tokens, padded tokens (-1: unknown), busy_s, read_s
+# (NaN: unknown), then the pickled (arrays, objects).
+REPLY = struct.Struct("<cqqqqqqdd")
+UNKNOWN = -1
+_PICKLE = b"\x80"  # what a pickle starts with (see _transport.is_pickle)
+
+#: What :meth:`SlotCodec.take_over` returns for a task it took but cannot build in the main
+#: process (a worker will, and say what is wrong): the engine sends it again.
+RESEND = object()
+
+
+class SlotTask:
+    """A fast-path task: the batch's sample indices and the slot reserved for it. Iterates and
+    measures as its indices (it stands for them in error messages).
+
+    ``indices`` is what the sampler gave (a list of ints, most often) in the main process, and
+    an int64 array in the worker; ``raw`` is them as int64 bytes, made once (and checked) when
+    the task is made. ``ticket`` is the claim ticket of its latest sending (0: none, the worker
+    builds it unconditionally; see ``_claims.py``); ``claimable`` is ``False`` once the main
+    process found it cannot build the task itself."""
+
+    __slots__ = ("claimable", "indices", "raw", "slot", "ticket")
+
+    def __init__(self, indices: Any, slot: SlotRef, raw: bytes | None = None, ticket: int = 0) -> None:
+        self.indices = indices
+        self.slot = slot
+        self.raw = index_bytes(indices) if raw is None else raw
+        self.ticket = ticket
+        self.claimable = True
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Any:
+        indices = self.indices
+        return iter(indices.tolist() if isinstance(indices, np.ndarray) else indices)
+
+    def __reduce__(self) -> Any:
+        return _slot_task, (self.raw, tuple(self.slot), self.ticket)
+
+
+def _slot_task(raw: bytes, slot: tuple[Any, ...], ticket: int = 0) -> SlotTask:
+    return SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw, ticket)
+
+
+@functools.lru_cache(maxsize=256)
+def _int64s(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}q")
+
+
+def index_bytes(indices: Any) -> bytes:
+    """Sample indices as raw int64 bytes. A list of ints is packed directly (a third of the
+    cost of converting it to an array first, once per batch)."""
+    if type(indices) is list:
+        try:
+            return _int64s(len(indices)).pack(*indices)
+        except struct.error:  # floats, out-of-range values: numpy says what is wrong
+            pass
+    array = np.asarray(indices)
+    if array.dtype.kind not in "iu" and array.size:
+        raise TypeError(f"sample indices must be integers; got {array.dtype} from {indices!r:.80}")
+    return np.ascontiguousarray(array, dtype=np.int64).tobytes()
+
+
+class SlotBatch(NamedTuple):
+    """Where each output array lies in the slot, as ``(name, offset, shape, dtype str)``;
+    ``objects`` carries object fields (strings) by value; ``nbytes`` is the slot bytes used;
+    ``counts`` says what the batch holds (``None`` when the collate does not say). A plain
+    tuple of tuples: it is pickled once per batch."""
+
+    arrays: tuple[tuple[str, int, tuple[int, ...], str], ...]
+    objects: dict[str, Any] | None
+    nbytes: int
+    counts: Counts | None
+
+
+def decode_reply(data: bytes) -> Reply:
+    """A worker's reply from its bytes (the inverse of ``SlotBuilder.result_bytes``)."""
+    if data[:1] == _PICKLE:  # is_pickle(), without the call: this runs once per batch
+        reply: Reply = pickle.loads(data)
+        return reply
+    _, epoch, seq, nbytes, rows, real, padded, busy_s, read_s = REPLY.unpack_from(data)
+    arrays, objects = pickle.loads(memoryview(data)[REPLY.size :])
+    counts = None
+    if rows != UNKNOWN:
+        counts = Counts(rows, None if real == UNKNOWN else real, None if padded == UNKNOWN else padded)
+    batch = SlotBatch(arrays, objects, nbytes, counts)
+    return Reply(epoch, seq, OK, batch, busy_s, None if math.isnan(read_s) else read_s)
+
+
+class SlotCodec:
+    """Runs in the main process: reserves slots for tasks and turns descriptors into tensors
+    that view the slot (the engine's codec).
+
+    ``batch_bytes``, where the slots are sized from the batches that come (``_sizing.py``),
+    says how many bytes a batch needs; then the regular slots are remade when the batches
+    outgrow them, and a batch that does not fit is sent with a temporary slot of its exact size.
+
+    With ``main_builder`` (what makes, given the arena, a builder for this loader's batches in
+    the main process, or ``None`` where the main process may not build them) it can also take
+    over a task no worker has started (:meth:`take_over`): each task sent into a regular slot
+    then carries a new claim ticket (``_claims.py``). The builder is made when first needed,
+    while ``next()`` would wait (it opens the file in this process: 0.3-0.6 ms here), not when
+    the iterator starts."""
+
+    def __init__(
+        self,
+        arena: SlotArena,
+        main_builder: Callable[[SlotArena], Any] | None = None,
+        batch_bytes: BatchBytes | None = None,
+    ) -> None:
+        self.arena = arena
+        self.oversize_batches = 0  # batches that needed a temporary slot
+        self._make_builder = main_builder if claims.available() else None
+        self._builder: Any = None
+        #: Whether :meth:`take_over` may take a task (``False`` for good once the builder
+        #: turns out not to apply).
+        self.takes_over = self._make_builder is not None
+        self._tickets = 0  # the last ticket given
+        self._batch_bytes = batch_bytes
+        self._sizing = SlotSizing() if batch_bytes is not None else None
+
+    def task(self, indices: Any) -> SlotTask:
+        raw = index_bytes(indices)  # a bad index fails here, as the sampler's error
+        return SlotTask(indices, self._slot_for(raw), raw)
+
+    def _slot_for(self, raw: bytes) -> SlotRef:
+        sizing, batch_bytes = self._sizing, self._batch_bytes
+        if sizing is None or batch_bytes is None:
+            return self.arena.reserve()
+        need = batch_bytes(raw)
+        if need is None:  # indices the lengths cannot answer for: a worker says what is wrong
+            need = sizing.capacity or 1
+        resize = sizing.observe(need)
+        if resize is not None:
+            self.arena.resize(resize)
+        if need > self.arena.capacity:
+            self.oversize_batches += 1
+            return self.arena.temporary(need)
+        return self.arena.reserve()
+
+    def task_message(self, epoch: int, seq: int, index: SlotTask) -> bytes:
+        slot = index.slot
+        if self.takes_over and index.claimable and not slot.temporary:
+            # Every sending gets a new ticket: a copy of an older sending that a worker has not
+            # read yet finds its claim failing (``_claims.py``).
+            self._tickets += 1
+            index.ticket = self._tickets
+            claims.post(self.arena.memory(slot), slot.claim_at, index.ticket)
+        else:
+            index.ticket = 0
+        return TASK.pack(b"T", epoch, seq, *slot, index.ticket, self.arena.live_from) + index.raw
+
+    def take_over(self, index: SlotTask) -> Any:
+        """Build the task here if no worker has started it: ``None`` when not taken (its worker
+        has it, or it takes no part in claims), else what a worker would have sent (a
+        :class:`SlotBatch`, or :class:`~fastload._protocols.TooLarge`), or ``RESEND`` where
+        building it raised (an index out of range, say: a worker builds it again and says what
+        is wrong, in its own words and its turn). Once taken, its worker drops it unread."""
+        slot = index.slot
+        if not index.ticket or not self.takes_over:
+            return None
+        builder = self._builder
+        if builder is None:
+            assert self._make_builder is not None
+            builder = self._builder = self._make_builder(self.arena)
+            if builder is None:
+                self.takes_over = False  # tasks sent so far are claimed by their workers
+                return None
+        if not claims.claim(self.arena.memory(slot), slot.claim_at, index.ticket, claims.MAIN):
+            return None
+        try:
+            return builder.build(index)
+        except Exception:  # a worker builds it again and says what is wrong, as without us
+            index.claimable = False  # sent again with ticket 0: a worker builds it, whatever
+            return RESEND
+
+    def result_message(self, data: bytes) -> Reply:
+        return decode_reply(data)
+
+    def deliver(self, index: SlotTask, payload: SlotBatch) -> tuple[dict[str, Any], Counts | None]:
+        """The batch (tensors viewing the slot) and what the worker counted in it."""
+        # One array per output, straight on the exported slot array (their base), each wrapped
+        # once: several times cheaper than slicing and re-viewing, in numpy or torch.
+        base = self.arena.export(index.slot, payload.nbytes)
+        batch: dict[str, Any] = {}
+        for name, off, shape, dt in payload.arrays:
+            batch[name] = torch.from_numpy(np.ndarray(shape, _np_dtype(dt), buffer=base, offset=off))
+        if payload.objects:
+            batch.update(payload.objects)
+        return batch, payload.counts
+
+    def retry(self, index: SlotTask, payload: Any) -> SlotTask | None:
+        if not isinstance(payload, TooLarge):
+            return None
+        self.arena.release(index.slot)
+        self.oversize_batches += 1
+        return SlotTask(index.indices, self.arena.temporary(payload.nbytes), index.raw)
+
+    def drop(self, index: SlotTask) -> None:
+        self.arena.release(index.slot)
+
+
+@functools.lru_cache(maxsize=64)
+def _np_dtype(text: str) -> np.dtype:
+    return np.dtype(text)
+
+
+__all__ = ["REPLY", "RESEND", "TASK", "UNKNOWN", "SlotBatch", "SlotCodec", "SlotTask", "decode_reply", "index_bytes"]

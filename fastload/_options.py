@@ -1,0 +1,113 @@
+"""The loader's own options (those torch's DataLoader does not have), validated once, in the
+constructor, and read by name from then on."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fastload._device import cuda_device
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """fastload's keyword options of :class:`fastload.DataLoader` (see its docstring for what
+    each does). Build with :meth:`create`, which checks every value."""
+
+    length_grouped: bool = False
+    max_tokens: int | None = None
+    seed: int = 0
+    device: torch.device | None = None  # the CUDA device batches are copied to; None: the host
+    requested_device: str | torch.device | None = None  # as the user gave it
+    max_shared_bytes: int | None = None
+    log_every_s: float | None = None
+    progress: bool = False
+    auto_workers: bool = False  # num_workers="auto"
+    host_tuning: bool | None = None  # None: the FASTLOAD_HOST_TUNING environment variable
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        num_workers: Any,
+        length_grouped: Any,
+        max_tokens: Any,
+        seed: Any,
+        device: Any,
+        max_shared_bytes: Any,
+        log_every_s: Any,
+        progress: Any,
+        host_tuning: Any,
+    ) -> LoaderOptions:
+        """The options, each checked: a bad value raises naming the option, the value and
+        what it must be."""
+        if isinstance(num_workers, str) and num_workers != "auto":
+            raise ValueError(
+                f"num_workers must be an integer >= 0 or 'auto'; got {num_workers!r}"
+            )
+        if progress:
+            try:
+                import tqdm  # noqa: F401
+            except ImportError as exc:
+                raise ImportError("progress=True needs tqdm: pip install 'fastload[progress]'") from exc
+        return cls(
+            length_grouped=_flag("length_grouped", length_grouped),
+            max_tokens=_positive_int("max_tokens", max_tokens, optional=True),
+            seed=_seed(seed),
+            device=_device(device),
+            requested_device=device,
+            max_shared_bytes=_positive_int("max_shared_bytes", max_shared_bytes, optional=True),
+            log_every_s=_log_every_s(log_every_s),
+            progress=_flag("progress", progress),
+            auto_workers=num_workers == "auto",
+            host_tuning=None if host_tuning is None else _flag("host_tuning", host_tuning),
+        )
+
+
+def _flag(option: str, value: Any) -> bool:
+    if not isinstance(value, (bool, int)) or value not in (0, 1):
+        raise TypeError(f"{option} must be True or False; got {value!r}")
+    return bool(value)
+
+
+def _positive_int(option: str, value: Any, *, optional: bool) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{option} must be a positive integer or None; got {value!r}")
+    return int(value)
+
+
+def _seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"seed must be an integer >= 0; got {value!r}")
+    return int(value)
+
+
+def _log_every_s(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"log_every_s must be a positive number of seconds or None; got {value!r}")
+    return float(value)
+
+
+def _device(value: Any) -> torch.device | None:
+    """The CUDA device to copy batches to, or ``None`` to keep them on the host."""
+    if value is None:
+        return None
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"device must be None, 'cpu' or a CUDA device such as 'cuda' or 'cuda:0'; got {value!r}"
+        ) from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device={value!r}: fastload copies batches to a CUDA device or keeps them on the host "
+            "('cpu' or None); for another accelerator, move the batch in your training step"
+        )
+    return cuda_device(dev)  # raises when CUDA is not available

@@ -1,0 +1,153 @@
+"""What the engine needs from a dataset and from a collate to take the fast path, in one place.
+
+The fast path builds whole batches straight into shared-memory slots. It applies to a map-style
+dataset that is a :class:`BatchReader` and a collate that is a :class:`SlotCollate`; fastload's
+readers and :class:`~fastload.PadCollate` implement them, and a user's own classes may too, with
+no base class (see the README). Everything else the engine can use is an optional
+*capability*, looked up by name and absent by default, so a class offers only what it can keep:
+
+Reader capabilities
+
+* ``process_independent_reads: bool`` — ``read_batch`` of the same indices gives the same bytes
+  in any process. With a collate that says the same of itself, the main process may build a
+  batch that no worker has started yet, instead of waiting for one. A reader that reads through
+  per-process state (a ``worker_init_fn`` that changes it, a random augmentation) must not say
+  so. The engine never builds in the main process when the loader has a ``worker_init_fn``.
+* ``reads_in_place: bool`` and ``read_batch_in_place(indices)`` (:class:`InPlaceReader`) — the
+  same samples as ``read_batch``, but a memory-mapped ragged field may come back as
+  :class:`~fastload._types.Spans` over the map, which the padding gathers from without a copy.
+  Only where it reads exactly what ``read_batch`` reads (a subclass that overrides
+  ``read_batch`` alone must see it called).
+* ``mapped_ragged()`` (:class:`MappedReader`) — for a dataset of one ragged field whose values
+  and int64 offsets lie in a memory map: ``(field, values, offsets)``, else ``None``. With it a
+  collate may build a batch in one native call (:meth:`SlotCollate.one_call_builder`).
+
+Collate capabilities
+
+* ``process_independent: bool`` — the output is a function of the columnar batch alone.
+* ``prepare(batch)`` — plans the batch once for both halves of the zero-copy path
+  (:class:`PreparedBatch`: its ``layout``, ``fill(out)`` and ``counts``); without it the engine
+  calls ``layout`` and ``collate_into``, and counts only the rows.
+* ``one_call_builder(reader)`` — a :class:`OneCallBuilder` for this reader's batches, or
+  ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from fastload._types import Column, ColumnarBatch, Counts, Field, Spans
+
+#: Output name → (shape, numpy dtype) of every array a collate writes for one batch.
+Layout = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+#: Every array of a batch in a slot starts this many bytes apart from the slot's start, or a
+#: multiple of it (a cache line; any dtype's alignment), in the order of its layout.
+ALIGN = 64
+
+
+@runtime_checkable
+class BatchReader(Protocol):
+    """What the fast path needs of a dataset.
+
+    Contract: ``read_batch`` accepts indices in any order, duplicates included, and returns the
+    samples in that order as a columnar batch (see :mod:`fastload._types`); ``lengths[i]`` is
+    the length of sample ``i`` of the field that drives length grouping, available without
+    reading any payload; ``fields`` describes every field ``read_batch`` returns.
+    """
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]: ...
+
+    @property
+    def fields(self) -> dict[str, Field]: ...
+
+    def __len__(self) -> int: ...
+
+    def read_batch(self, indices: npt.ArrayLike) -> ColumnarBatch: ...
+
+
+class InPlaceReader(BatchReader, Protocol):
+    """A reader that can leave memory-mapped samples where they lie (see the module text)."""
+
+    reads_in_place: bool
+
+    def read_batch_in_place(self, indices: npt.ArrayLike) -> Mapping[str, Column | Spans]: ...
+
+
+class MappedReader(BatchReader, Protocol):
+    """A reader of one ragged field held whole in a memory map (see the module text)."""
+
+    def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None: ...
+
+
+class PreparedBatch(Protocol):
+    """One batch as a collate planned it: the arrays it needs, and how to fill them."""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def counts(self) -> Counts: ...
+
+    def fill(self, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out``, arrays made exactly as :attr:`layout` says (not checked again)."""
+
+
+class Built(NamedTuple):
+    """A batch a :class:`OneCallBuilder` wrote: each array as ``(name, byte offset from the
+    slot's start, shape, dtype string)``, laid out as the collate's layout (every offset a
+    multiple of :data:`ALIGN`), the bytes used, and its counts."""
+
+    arrays: tuple[tuple[str, int, tuple[int, ...], str], ...]
+    nbytes: int
+    counts: Counts
+
+
+class TooLarge(NamedTuple):
+    """The batch needs ``nbytes``, more than the buffer offered it."""
+
+    nbytes: int
+
+
+class OneCallBuilder(Protocol):
+    """Builds a batch in one call from its sample indices straight into a buffer."""
+
+    #: Seconds the last build spent (all of it reads the map).
+    last_s: float
+
+    def build_into(
+        self, indices: bytes, buffer: np.ndarray, offset: int, capacity: int
+    ) -> Built | TooLarge | None:
+        """Build the batch of ``indices`` (int64, native order) into ``buffer[offset :
+        offset + capacity]``: what was written, :class:`TooLarge`, or ``None`` where this
+        batch cannot be built in one call (an index out of range: the general path says what
+        is wrong)."""
+
+
+@runtime_checkable
+class SlotCollate(Protocol):
+    """What the fast path needs of a collate: the arrays a batch needs, without allocating
+    them, and a way to write the batch into arrays it is given (views of a batch slot)."""
+
+    def layout(self, batch: Mapping[str, Any]) -> Layout: ...
+
+    def collate_into(self, batch: Mapping[str, Any], out: Mapping[str, np.ndarray]) -> None: ...
+
+
+__all__ = [
+    "ALIGN",
+    "BatchReader",
+    "Built",
+    "InPlaceReader",
+    "Layout",
+    "MappedReader",
+    "OneCallBuilder",
+    "PreparedBatch",
+    "SlotCollate",
+    "TooLarge",
+]
