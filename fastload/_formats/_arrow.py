@@ -19,7 +19,7 @@ from fastload._formats._fields import check_same_fields, pick_length_field, requ
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
 from fastload._formats._validate import check_positive_int
 from fastload._types import Field
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 _SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 DEFAULT_CACHE_BYTES = 64 << 20
@@ -41,8 +41,8 @@ def expand_directory(directory: Path) -> list[Path]:
         files = [directory / name for name in listed]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
-            raise DataFormatError(
-                f"{state}: lists data files that do not exist: {', '.join(missing)}"
+            raise DataFileNotFoundError(
+                f"{state}: lists data files that do not exist: {', '.join(missing)}", missing[0]
             )
         return files
     if (directory / "dataset_info.json").is_file():

@@ -31,7 +31,7 @@ from fastload._formats._columns import (
 )
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 # State that belongs to one process and is dropped when pickling.
 _PER_PROCESS = ("_process", "_lengths")
@@ -276,6 +276,12 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return reader.read(name, local)
         except DataFormatError:
             raise  # already names the file, the field and the sample
+        except FileNotFoundError as exc:
+            raise DataFileNotFoundError(
+                f"{self._files[shard]}: field {name!r}: a file is gone since the dataset was"
+                f" created ({exc})",
+                exc.filename or self._files[shard],
+            ) from exc
         except self._read_errors as exc:
             shown = ", ".join(str(r) for r in rows[:8].tolist()) + (" ..." if len(rows) > 8 else "")
             raise DataFormatError(
