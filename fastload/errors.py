@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 __all__ = [
+    "CacheError",
     "DataFileNotFoundError",
     "DataFormatError",
     "FastloadError",
@@ -73,6 +74,14 @@ class DataFileNotFoundError(DataFormatError, _FastloadOSError, FileNotFoundError
     def __reduce__(self) -> tuple[Any, ...]:
         message = self.args[0] if self.args else ""
         return type(self), (message, self.filename), self.__dict__ or None
+
+
+class CacheError(_FastloadOSError):
+    """The local cache directory (``cache_dir=``, ``FASTLOAD_CACHE``) cannot hold a file: it
+    cannot be created, is read-only, or its disk is full. ``filename`` is the directory,
+    ``errno`` that of the failed operation (``ENOSPC``, ``EROFS``, ``EACCES``, ...); the message
+    names the directory and how to choose another. Nothing half-written is ever left where a
+    reader would take it for data."""
 
 
 class FieldNotFoundError(DataFormatError, KeyError):
