@@ -93,7 +93,7 @@ def test_the_error_is_exported_and_keeps_its_path_through_pickling() -> None:
     assert str(DataFileNotFoundError("only a message")) == "only a message"
 
 
-@pytest.mark.parametrize("kind", ["hdf5", "arrow", "parquet"])
+@pytest.mark.parametrize("kind", ["hdf5", "arrow", "parquet-without-copy", "parquet-copy"])
 def test_a_shard_deleted_after_construction_is_a_file_not_found_error_at_read(
     kind: str, corpus: Corpus, tmp_path: Path
 ) -> None:
@@ -102,17 +102,31 @@ def test_a_shard_deleted_after_construction_is_a_file_not_found_error_at_read(
         paths = [write_fastload(tmp_path / f"p{k}.h5", corpus.slice(0, 20)) for k in range(2)]
         ds: HDF5Dataset | ArrowDataset = HDF5Dataset(paths)
     elif kind == "arrow":
-        paths = [write_arrow_file(tmp_path / f"p{k}.arrow", table.slice(0, 20), 8) for k in range(2)]
+        paths = [
+            write_arrow_file(tmp_path / f"p{k}.arrow", table.slice(0, 20), 8) for k in range(2)
+        ]
         ds = ArrowDataset(paths)
     else:
         paths = [write_parquet(tmp_path / f"p{k}.parquet", table.slice(0, 20), 8) for k in range(2)]
-        ds = ArrowDataset(paths)
-    paths[1].unlink()
+        if kind == "parquet-copy":
+            ds = ArrowDataset(paths, cache_dir=tmp_path / "cache")
+        else:
+            ds = ArrowDataset(paths, cache_dir=False)
+    if kind == "parquet-copy":
+        (gone,) = (tmp_path / "cache" / "parquet").glob("p1.*.arrow")
+        paths[1].unlink()  # the copy serves the reads: this changes nothing
+        ds.read_batch([3, 25])
+        ds.close()
+        gone.unlink()
+    else:
+        gone = paths[1]
+        gone.unlink()
     ds.read_batch([0, 1])  # the first shard is still there
     with pytest.raises(FileNotFoundError) as info:
         ds.read_batch([3, 25])
     assert isinstance(info.value, DataFormatError)
-    assert str(paths[1]) in str(info.value)
+    assert info.value.filename == str(gone)
+    assert str(paths[1]) in str(info.value) and str(gone) in str(info.value)
 
 
 def test_a_worker_that_finds_a_shard_gone_raises_file_not_found_in_the_main_process(
