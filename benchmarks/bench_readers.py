@@ -1,6 +1,7 @@
-"""How fast do the readers gather a random batch? ``read_batch`` against per-sample reads.
+"""How fast do the readers gather a random batch? ``read_batch`` against per-sample reads; and
+how fast is a shuffled epoch over Parquet, read through its decoded copy, against Arrow IPC?
 
-What it isolates: reading one batch of 64 random samples (variable-length int32 token ids,
+``test_read_batch_against_per_sample_reads`` isolates: reading one batch of 64 random samples (variable-length int32 token ids,
 lognormal lengths, median ~200 tokens) from a file already in the page cache, in one process,
 no loader. Compared on the same data and the same index sets:
 
@@ -18,6 +19,18 @@ Every figure is the median CPU time per batch over many index sets, each reader 
 sets back to back in rounds and the readers taking turns between rounds; every ratio compares
 two medians measured in this one run, and every fast read is checked against its baseline.
 
+``test_shuffled_epoch_parquet_against_ipc`` isolates the Parquet path: one epoch of
+``fastload.LengthGroupedBatchSampler`` batches of 64 (shuffled, length-grouped), padded by
+``PadCollate``, through ``fastload.DataLoader`` with ``num_workers=0``, over the same token data
+(the engine benchmark's distribution: lognormal lengths, median 200, uint16 ids) stored as one
+Parquet file of 20 row groups and as one Arrow IPC file. It reports samples/s of an epoch over
+IPC, over Parquet after the first pass (read through the decoded copy in the local cache), and
+over Parquet without a copy (``cache_dir=False``, a few batches only: it is that slow), plus
+the first pass itself: constructing the dataset with an empty cache, which decodes the file.
+Medians over rounds in which the cases take turns; the files are in the page cache. An epoch is
+timed in CPU time, like the batch reads above (with ``num_workers=0`` it runs on this one
+thread); the first pass in wall-clock time too, since pyarrow decodes with several threads.
+
 Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_readers.py -s -p no:cacheprovider
 --size full`` (``--size smoke``, the default, runs in seconds so the benchmark never rots).
 """
@@ -25,6 +38,7 @@ Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_readers.py -s -p no:cac
 from __future__ import annotations
 
 import gc
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,14 +47,20 @@ from typing import Any
 import h5py
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import torch
 
+import fastload
 from fastload import ArrowDataset, HDF5Dataset
 
 BATCH = 64
 # samples in the file, index sets for fast readers, index sets for per-sample baselines
 SIZES = {"smoke": (5_000, 40, 20), "full": (200_000, 400, 60)}
 ROUNDS = 4
+# samples, rounds (epochs of each case, first passes), batches read without the decoded copy
+PARQUET_SIZES = {"smoke": (4_000, 2, 2), "full": (200_000, 9, 10)}
+ROW_GROUPS = 20
 
 
 def _tokens(samples: int) -> list[np.ndarray]:
@@ -218,3 +238,131 @@ def test_read_batch_against_per_sample_reads(
         {f"{name} / same-file reader": round(r, 2) for name, r in ratios.items()}
     )
     benchmark.pedantic(fastload.read_batch, args=(index_sets[0],), rounds=20, iterations=1)
+
+
+@pytest.fixture(scope="module")
+def token_files(tmp_path_factory: pytest.TempPathFactory, bench_size: str) -> dict[str, Path]:
+    samples = PARQUET_SIZES[bench_size][0]
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(200), 0.75, samples), 8, 2048).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = rng.integers(0, 32_000, int(offsets[-1]), dtype=np.uint16)
+    table = pa.table({"tokens": pa.ListArray.from_arrays(offsets, values)})
+    root = tmp_path_factory.mktemp("parquet")
+    pq.write_table(table, root / "tokens.parquet", row_group_size=-(-samples // ROW_GROUPS))
+    with pa.ipc.new_file(root / "tokens.arrow", table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)
+    return {"parquet": root / "tokens.parquet", "arrow": root / "tokens.arrow", "root": root}
+
+
+def _epoch(ds: ArrowDataset, batches: list[list[int]]) -> tuple[float, list[torch.Tensor]]:
+    """CPU seconds to load ``batches``, and the first two batches' padded tokens."""
+    loader = fastload.DataLoader(
+        ds, batch_sampler=batches, num_workers=0, collate_fn=fastload.PadCollate()
+    )
+    kept: list[torch.Tensor] = []
+    start = time.process_time()
+    for batch in loader:
+        if len(kept) < 2:
+            kept.append(batch["tokens"].clone())
+    return time.process_time() - start, kept
+
+
+def _rate_table(title: str, rows: list[tuple[str, str, str]]) -> str:
+    header = ("case", "samples/s or seconds", "vs one epoch over Arrow IPC")
+    cells = [header, *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(3)]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in cells
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join([f"\n{title}", *lines])
+
+
+def test_shuffled_epoch_parquet_against_ipc(
+    token_files: dict[str, Path],
+    bench_size: str,
+    benchmark: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    samples, rounds, uncached_batches = PARQUET_SIZES[bench_size]
+    ipc = ArrowDataset(token_files["arrow"])
+    plan = [list(b) for b in fastload.LengthGroupedBatchSampler(ipc.lengths, batch_size=BATCH)]
+    first_pass: list[tuple[float, float]] = []  # (wall, CPU) seconds
+    reuse: list[float] = []
+    epochs: dict[str, list[float]] = {"ipc": [], "copy": []}
+    parquet: ArrowDataset | None = None
+    for round_ in range(rounds):
+        if parquet is not None:
+            parquet.close()
+            shutil.rmtree(token_files["root"] / f"cache-{round_ - 1}")  # ~100 MB at full size
+        cache = token_files["root"] / f"cache-{round_}"
+        start, start_cpu = time.perf_counter(), time.process_time()
+        parquet = ArrowDataset(token_files["parquet"], cache_dir=cache)  # decodes: empty cache
+        first_pass.append((time.perf_counter() - start, time.process_time() - start_cpu))
+        start = time.perf_counter()
+        parquet = ArrowDataset(token_files["parquet"], cache_dir=cache)  # finds the copy
+        reuse.append(time.perf_counter() - start)
+        cases = {"ipc": ipc, "copy": parquet}
+        order = ["ipc", "copy"] if round_ % 2 == 0 else ["copy", "ipc"]  # neither always first
+        firsts: dict[str, list[torch.Tensor]] = {}
+        for name in order:
+            seconds, firsts[name] = _epoch(cases[name], plan)
+            epochs[name].append(seconds)
+        for a, b in zip(firsts["copy"], firsts["ipc"], strict=True):
+            assert torch.equal(a, b)
+    assert parquet is not None
+    uncached = ArrowDataset(token_files["parquet"], cache_dir=False)
+    seconds, got = _epoch(uncached, plan[:uncached_batches])
+    assert all(torch.equal(a, b) for a, b in zip(got, firsts["ipc"], strict=True))
+    uncached_rate = sum(len(b) for b in plan[:uncached_batches]) / seconds
+
+    ipc_s, copy_s = float(np.median(epochs["ipc"])), float(np.median(epochs["copy"]))
+    decode_s, decode_cpu_s = np.median(np.array(first_pass), axis=0).tolist()
+    reuse_s = float(np.median(reuse))
+    ratio = ipc_s / copy_s  # samples/s of Parquet-after-first-pass over samples/s of IPC
+    size_mb = token_files["parquet"].stat().st_size / 1e6
+    rows = [
+        ("Arrow IPC file, epoch", f"{samples / ipc_s:,.0f} samples/s", "1.00x"),
+        (
+            "Parquet via its decoded copy, epoch",
+            f"{samples / copy_s:,.0f} samples/s",
+            f"{ratio:.2f}x",
+        ),
+        (
+            f"Parquet, cache_dir=False, {uncached_batches} batches",
+            f"{uncached_rate:,.0f} samples/s",
+            f"{uncached_rate * ipc_s / samples:.4f}x",
+        ),
+        (
+            "first pass: construction decoding the file",
+            f"{decode_s:.2f} s wall, {decode_cpu_s:.2f} s CPU",
+            f"{decode_cpu_s / ipc_s:.1f} epochs (CPU)",
+        ),
+        (
+            "later construction, copy found",
+            f"{reuse_s * 1e3:.1f} ms",
+            f"{reuse_s / ipc_s:.3f} epochs",
+        ),
+    ]
+    title = (
+        f"parquet, {bench_size}: {samples:,} samples, Parquet {size_mb:.0f} MB in {ROW_GROUPS}"
+        f" row groups, {len(plan):,} batches of {BATCH}, {rounds} rounds"
+    )
+    with capsys.disabled():
+        print(_rate_table(title, rows))
+    benchmark.extra_info.update(
+        {
+            "ipc samples/s": round(samples / ipc_s),
+            "parquet copy samples/s": round(samples / copy_s),
+            "parquet copy / ipc": round(ratio, 3),
+            "parquet without copy samples/s": round(uncached_rate, 1),
+            "first pass, wall (s)": round(decode_s, 3),
+            "first pass, CPU (s)": round(decode_cpu_s, 3),
+            "first pass CPU / ipc epoch": round(decode_cpu_s / ipc_s, 2),
+        }
+    )
+    if bench_size == "full":
+        assert ratio >= 1 / 1.5, f"Parquet after the first pass runs at {ratio:.2f}x IPC"
+    benchmark.pedantic(parquet.read_batch, args=(plan[0],), rounds=20, iterations=1)

@@ -256,6 +256,8 @@ class InProcessIterator(_BaseIterator):
 class WorkerIterator(_BaseIterator):
     """Worker processes build the batches, through the runner ``fastload._engine`` makes."""
 
+    _runner: Runner | None = None  # also for __del__ of an iterator whose __init__ raised
+
     def __init__(self, loader: DataLoader[Any]) -> None:
         super().__init__(loader)
         self._persistent = loader.persistent_workers
@@ -280,7 +282,7 @@ class WorkerIterator(_BaseIterator):
             max_shared_bytes=self._options.max_shared_bytes,
             auto_workers=self._options.auto_workers,
         )
-        self._runner: Runner | None = start_runner(self._runner_options, self._sampler_iter)
+        self._runner = start_runner(self._runner_options, self._sampler_iter)
 
     def _next_host(self) -> tuple[Any, Counts]:
         runner = self._runner

@@ -2,12 +2,19 @@
 
 Every error inherits :class:`FastloadError` *and* the builtin a caller would already catch for the
 same situation (``ValueError`` for bad input, ``RuntimeError`` for a failed worker, ``KeyError`` for
-a missing field), so code written against torch's DataLoader keeps working unchanged.
+a missing field, ``FileNotFoundError`` for a missing file), so code written against torch's
+DataLoader keeps working unchanged.
 """
 
 from __future__ import annotations
 
+import errno as _errno
+import os
+from typing import Any
+
 __all__ = [
+    "CacheError",
+    "DataFileNotFoundError",
     "DataFormatError",
     "FastloadError",
     "FieldNotFoundError",
@@ -29,6 +36,52 @@ class DataFormatError(FastloadError, ValueError):
     The message names the file, the field, the sample index where there is one, and what was
     expected instead.
     """
+
+
+class _FastloadOSError(FastloadError, OSError):
+    """An ``OSError`` whose ``str()`` is fastload's whole message (``OSError`` would print
+    ``[Errno N] ...`` instead), with ``errno``, ``strerror`` and ``filename`` set, and which
+    pickles with all three (a worker's error travels to the main process)."""
+
+    def __init__(
+        self, message: str, filename: str | os.PathLike[str] | None = None, errno: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.strerror = None if errno is None else os.strerror(errno)
+        self.filename = None if filename is None else os.fspath(filename)
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        message = self.args[0] if self.args else ""
+        return type(self), (message, self.filename, self.errno), self.__dict__ or None
+
+
+class DataFileNotFoundError(DataFormatError, _FastloadOSError, FileNotFoundError):
+    """A file or directory the caller named does not exist, a glob matches no file, a directory
+    holds no data file, or a file has vanished since the dataset was created.
+
+    A ``FileNotFoundError`` (so ``except OSError`` catches it too) and still a
+    :class:`DataFormatError`; ``filename`` is the missing path (or the glob), ``errno`` is
+    ``ENOENT``, and the message names the path.
+    """
+
+    def __init__(self, message: str, filename: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(message, filename, _errno.ENOENT)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        message = self.args[0] if self.args else ""
+        return type(self), (message, self.filename), self.__dict__ or None
+
+
+class CacheError(_FastloadOSError):
+    """The local cache directory (``cache_dir=``, ``FASTLOAD_CACHE``) cannot hold a file: it
+    cannot be created, is read-only, or its disk is full. ``filename`` is the directory,
+    ``errno`` that of the failed operation (``ENOSPC``, ``EROFS``, ``EACCES``, ...); the message
+    names the directory and how to choose another. Nothing half-written is ever left where a
+    reader would take it for data."""
 
 
 class FieldNotFoundError(DataFormatError, KeyError):

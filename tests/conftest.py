@@ -1,11 +1,23 @@
 """Suite-wide settings: warnings are errors (pyproject), every test has a timeout and a hang
-dumps all stacks (pytest-timeout + faulthandler), and tests that need CUDA are skipped where
-there is none."""
+dumps all stacks (pytest-timeout + faulthandler), tests that need CUDA are skipped where there
+is none, and fastload's local cache (decoded Parquet copies) is a temporary directory, never the
+user's."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _local_cache_in_a_temporary_directory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FASTLOAD_CACHE", str(tmp_path_factory.mktemp("fastload-cache")))
+        yield
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

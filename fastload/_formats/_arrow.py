@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from fastload._formats._arrow_convert import NullFill
 from fastload._formats._arrow_schema import ArrowField, select_fields
 from fastload._formats._arrow_shard import ArrowShard, check_nulls
-from fastload._formats._arrow_source import ARROW_ERRORS, open_segments
+from fastload._formats._arrow_source import ARROW_ERRORS, Segments, open_segments
 from fastload._formats._base import ShardedDataset
 from fastload._formats._cache import BlockCache
 from fastload._formats._fields import check_same_fields, pick_length_field, requested_names
+from fastload._formats._parquet_copy import copy_name, decoded_copy
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
+from fastload._formats._sniff import sniff
 from fastload._formats._validate import check_positive_int
+from fastload._storage import cache_root
 from fastload._types import Field
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 _SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 DEFAULT_CACHE_BYTES = 64 << 20
@@ -41,8 +45,8 @@ def expand_directory(directory: Path) -> list[Path]:
         files = [directory / name for name in listed]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
-            raise DataFormatError(
-                f"{state}: lists data files that do not exist: {', '.join(missing)}"
+            raise DataFileNotFoundError(
+                f"{state}: lists data files that do not exist: {', '.join(missing)}", missing[0]
             )
         return files
     if (directory / "dataset_info.json").is_file():
@@ -90,14 +94,25 @@ class ArrowDataset(ShardedDataset):
       (zero-copy views of values and offsets);
     * bool, string and nullable fields of those files go through Arrow's ``take`` per record
       batch touched;
-    * compressed IPC (Feather's LZ4 default) decodes whole record batches, and Parquet whole
-      row groups (only the columns read), through a per-process cache of ``cache_bytes``.
-      Parquet row groups are large, so random access to Parquet is slow: **converting to
-      uncompressed Arrow IPC or to fastload's HDF5 layout is much faster**. Parquet stores no
-      list offsets, so :attr:`lengths` of a Parquet dataset decodes the length field once.
+    * Parquet is decoded once, at construction in this process, into a *decoded copy*: an
+      uncompressed IPC file of the columns read, in the local cache, then read as above (a
+      shuffled epoch runs as fast as over IPC). The first construction pays the decode, about
+      the time of reading the columns with pyarrow; later ones, in any process on this machine,
+      reuse the copy while the file keeps its size and modification time (a changed file is
+      decoded again, and its older copy deleted). Concurrent constructions decode once.
+      ``cache_dir`` is the cache directory: default ``$FASTLOAD_CACHE``, else
+      ``$XDG_CACHE_HOME/fastload``, else ``~/.cache/fastload`` (copies go to its ``parquet/``
+      folder; delete it whenever no loader runs). A directory that cannot hold the copy raises
+      :class:`~fastload.errors.CacheError`. ``cache_dir=False`` makes no copy and decodes
+      whole row groups on demand instead, which is slow for random access;
+    * compressed IPC (Feather's LZ4 default), and Parquet with ``cache_dir=False``, decode
+      whole record batches or row groups (only the columns read) through a per-process cache
+      of ``cache_bytes``.
 
-    Pickling carries the paths, the options and the small description found at construction,
-    never a handle or a mapping; each process maps the files on its first read.
+    :attr:`files` lists the files as given, Parquet files included; messages about a Parquet
+    file read through its copy name both. Pickling carries the paths, the options and the small
+    description found at construction, never a handle or a mapping; each process maps the files
+    (the copies, for Parquet: workers never decode) on its first read.
     """
 
     _read_errors: ClassVar[tuple[type[BaseException], ...]] = ARROW_ERRORS
@@ -112,8 +127,16 @@ class ArrowDataset(ShardedDataset):
         length_field: str | None = None,
         null_fill: NullFill | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         cache_bytes = check_positive_int("cache_bytes", cache_bytes, minimum=0)
+        if cache_dir is not None and cache_dir is not False and not isinstance(
+            cache_dir, (str, os.PathLike)
+        ):
+            raise TypeError(
+                "cache_dir must be a directory, None (the default cache directory) or False (no"
+                f" decoded copies of Parquet files); got {type(cache_dir).__name__} {cache_dir!r}"
+            )
         if null_fill is not None and not isinstance(null_fill, (int, float, np.number)):
             raise TypeError(
                 f"null_fill must be a number or None; got {type(null_fill).__name__} {null_fill!r}"
@@ -121,10 +144,13 @@ class ArrowDataset(ShardedDataset):
         self._null_fill = null_fill
         requested = requested_names(fields)
         files = resolve_paths(path, expand_directory=expand_directory)
+        copies = None if cache_dir is False else cache_root(cache_dir) / "parquet"
         specs: dict[str, ArrowField] = {}
         sizes: list[int] = []
+        read_paths: list[str] = []
         for file in files:
             segments = open_segments(str(file))
+            read_path = shown = str(file)
             try:
                 chosen = select_fields(str(file), segments.schema, requested)
                 if not chosen:
@@ -134,7 +160,11 @@ class ArrowDataset(ShardedDataset):
                     check_same_fields(str(file), _described(chosen), str(files[0]), first)
                 else:
                     specs = chosen
-                check_nulls(segments, specs, null_fill, sum(sizes), str(file))
+                if copies is not None and sniff(file) == "parquet":
+                    copy, segments = _read_through_copy(file, segments, specs, copies)
+                    read_path, shown = str(copy), copy_name(file, copy)
+                read_paths.append(read_path)
+                check_nulls(segments, specs, null_fill, sum(sizes), shown)
                 sizes.append(int(segments.rows.sum()))
             finally:
                 segments.close()
@@ -142,10 +172,37 @@ class ArrowDataset(ShardedDataset):
         chosen_length_field = pick_length_field(described, length_field, str(files[0]))
         super().__init__(files, described, sizes, chosen_length_field, cache_bytes)
         self._specs = specs
+        self._read_paths = read_paths
+
+    def _shard_name(self, shard: int) -> str:
+        source, read = self._files[shard], self._read_paths[shard]
+        return source if read == source else copy_name(Path(source), Path(read))
 
     def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ArrowShard:
         first = int(self._shard_starts[shard])
-        return ArrowShard(self._files[shard], shard, first, self._specs, self._null_fill, cache)
+        path, shown = self._read_paths[shard], self._shard_name(shard)
+        try:
+            return ArrowShard(path, shard, first, self._specs, self._null_fill, cache, shown)
+        except FileNotFoundError as exc:
+            if path == self._files[shard]:
+                raise
+            raise DataFileNotFoundError(
+                f"{shown}: the decoded copy is gone (the cache was cleared, or the Parquet file"
+                " changed and a dataset created since replaced the copy); create the dataset"
+                " again",
+                path,
+            ) from exc
+
+
+def _read_through_copy(
+    file: Path, segments: Segments, specs: dict[str, ArrowField], directory: Path
+) -> tuple[Path, Segments]:
+    """Swap the Parquet ``segments`` of ``file`` for its decoded copy's (closing them)."""
+    wanted = {spec.path[0] for spec in specs.values()}
+    columns = [name for name in segments.schema.names if name in wanted]
+    num_rows = int(segments.rows.sum())
+    segments.close()
+    return decoded_copy(file, columns, num_rows, directory)
 
 
 def _described(specs: dict[str, ArrowField]) -> dict[str, Field]:

@@ -26,7 +26,8 @@ from fastload._types import Column
 class ArrowShard:
     """One Arrow/Parquet file opened in the current process: numeric fields of a memory-mapped
     file through :class:`MappedColumn`, every other field by Arrow's ``take`` on each record
-    batch (or row group) the rows fall in, decoded segments going through ``cache``."""
+    batch (or row group) the rows fall in, decoded segments going through ``cache``. Messages
+    name the file ``shown`` (default ``path``)."""
 
     def __init__(
         self,
@@ -36,8 +37,9 @@ class ArrowShard:
         fields: dict[str, ArrowField],
         null_fill: NullFill | None,
         cache: BlockCache[Any],
+        shown: str | None = None,
     ) -> None:
-        self._path = path
+        self._path = path if shown is None else shown
         self._shard = shard
         self._first_sample = first_sample
         self._fields = fields

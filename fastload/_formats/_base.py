@@ -31,7 +31,7 @@ from fastload._formats._columns import (
 )
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field, Spans
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 # State that belongs to one process and is dropped when pickling.
 _PER_PROCESS = ("_process", "_lengths")
@@ -99,6 +99,11 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
     def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ShardReader:
         """Open shard ``shard`` in this process; ``cache`` is this process's block cache."""
 
+    def _shard_name(self, shard: int) -> str:
+        """How messages name shard ``shard`` (a subclass that reads another file than the one
+        given names both)."""
+        return self._files[shard]
+
     # ---- the public contract -----------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -125,8 +130,8 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         """int64 ``[N]``: the number of elements of each sample of :attr:`length_field`.
 
         Computed from index data only (offsets, ``/lengths``, vlen descriptors, Arrow list
-        offsets), never from the payload except for Parquet, which stores no offsets; cached for
-        the life of the process and read-only. A dataset without a ragged field has nothing
+        offsets), never from the payload except for Parquet read without its decoded copy
+        (Parquet stores no offsets); cached for the life of the process and read-only. A dataset without a ragged field has nothing
         whose length varies: every sample counts as length 1, so length grouping changes
         nothing and a token budget counts samples.
         """
@@ -291,10 +296,16 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return reader.read(name, local)
         except DataFormatError:
             raise  # already names the file, the field and the sample
+        except FileNotFoundError as exc:
+            raise DataFileNotFoundError(
+                f"{self._shard_name(shard)}: field {name!r}: a file is gone since the dataset"
+                f" was created ({exc})",
+                exc.filename or self._files[shard],
+            ) from exc
         except self._read_errors as exc:
             shown = ", ".join(str(r) for r in rows[:8].tolist()) + (" ..." if len(rows) > 8 else "")
             raise DataFormatError(
-                f"{self._files[shard]}: field {name!r}: reading samples [{shown}] failed:"
+                f"{self._shard_name(shard)}: field {name!r}: reading samples [{shown}] failed:"
                 f" {type(exc).__name__}: {exc}"
             ) from exc
 

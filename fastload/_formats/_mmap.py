@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 
 class FileMap:
@@ -61,7 +61,15 @@ class FileMap:
 
     def _ensure_open(self) -> mmap.mmap:
         if self._map is None:
-            with open(self._path, "rb") as handle:
+            try:
+                handle = open(self._path, "rb")  # noqa: SIM115 - closed by the with below
+            except FileNotFoundError as exc:
+                raise DataFileNotFoundError(
+                    f"{self._path}: no such file or directory (it existed when the dataset was"
+                    " created: it has been deleted or moved since)",
+                    self._path,
+                ) from exc
+            with handle:
                 self._size = os.fstat(handle.fileno()).st_size
                 if self._size == 0:
                     raise DataFormatError(f"{self._path}: the file is empty (truncated)")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Union
 
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 PathArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
@@ -17,11 +17,11 @@ _GLOB_CHARS = frozenset("*?[")
 
 def files_in_directory(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
     """The files of ``directory`` (not recursive) whose names end in one of ``suffixes``, sorted;
-    raises :class:`DataFormatError` when there is none."""
+    raises :class:`DataFileNotFoundError` when there is none."""
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(suffixes))
     if not files:
-        raise DataFormatError(
-            f"{directory}: the directory holds no file ending in {', '.join(suffixes)}"
+        raise DataFileNotFoundError(
+            f"{directory}: the directory holds no file ending in {', '.join(suffixes)}", directory
         )
     return files
 
@@ -38,8 +38,9 @@ def resolve_paths(path: PathArg, *, expand_directory: Callable[[Path], list[Path
     * A list or tuple is the concatenation of its items, each resolved as above, in the given
       order (a list is an explicit order; only globs and directories are sorted).
 
-    Raises :class:`DataFormatError` for a missing file, a glob that matches nothing, or an empty
-    list (and whatever ``expand_directory`` raises for a directory).
+    Raises :class:`DataFileNotFoundError` (a ``FileNotFoundError``) for a path that does not
+    exist or a glob that matches no file, naming it, :class:`DataFormatError` for an empty list,
+    and whatever ``expand_directory`` raises for a directory.
     """
     if isinstance(path, (str, os.PathLike)):
         return _resolve_one(path, expand_directory)
@@ -74,6 +75,7 @@ def _resolve_one(
             elif match.is_dir():
                 files.extend(expand_directory(match))
         if not files:
-            raise DataFormatError(f"the glob {text!r} matches no file")
+            # Not one missing path, but to a caller the same fact: the files it named are not there.
+            raise DataFileNotFoundError(f"the glob {text!r} matches no file", text)
         return files
-    raise DataFormatError(f"{candidate}: no such file or directory")
+    raise DataFileNotFoundError(f"{candidate}: no such file or directory", candidate)

@@ -8,7 +8,7 @@ from typing import Literal
 
 import h5py
 
-from fastload.errors import DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError
 
 Format = Literal["hdf5", "arrow-file", "arrow-stream", "parquet"]
 
@@ -21,10 +21,13 @@ _STREAM_CONTINUATION = b"\xff\xff\xff\xff"
 
 def sniff(path: str | Path) -> Format | None:
     """The format of ``path`` judging by its signature, or ``None`` if it is none of these;
-    :class:`DataFormatError` if it cannot be read at all."""
+    :class:`DataFileNotFoundError` if it does not exist (any more), :class:`DataFormatError` if it
+    cannot be read at all."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(8)
+    except FileNotFoundError as exc:
+        raise DataFileNotFoundError(f"{path}: no such file or directory", path) from exc
     except OSError as exc:
         raise DataFormatError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     if head.startswith(_ARROW_FILE_MAGIC):

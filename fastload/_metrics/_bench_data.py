@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import fastload
-from fastload.errors import DataFormatError, UsageError
+from fastload.errors import DataFileNotFoundError, UsageError
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
@@ -25,8 +25,9 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 def open_dataset(data: str) -> Any:
     """``fastload.HDF5Dataset`` for ``.h5``/``.hdf5`` (or a folder holding such files),
     ``fastload.ArrowDataset`` for Arrow IPC, Feather and Parquet (or any other folder, e.g. a
-    Hugging Face ``save_to_disk`` folder). Missing or unreadable files raise
-    :class:`~fastload.errors.DataFormatError` from the reader."""
+    Hugging Face ``save_to_disk`` folder). Missing files raise
+    :class:`~fastload.errors.DataFileNotFoundError`, unreadable ones
+    :class:`~fastload.errors.DataFormatError`."""
     path = Path(data)
     suffix = path.suffix.lower()
     if suffix in HDF5_SUFFIXES:
@@ -38,7 +39,7 @@ def open_dataset(data: str) -> Any:
             return fastload.HDF5Dataset(data)
         return fastload.ArrowDataset(data)
     if not path.exists():
-        raise DataFormatError(f"{data}: no such file or directory")
+        raise DataFileNotFoundError(f"{data}: no such file or directory", data)
     raise UsageError(
         f"DATA {data}: unknown file type {suffix or '(no extension)'}; expected "
         f"{', '.join(HDF5_SUFFIXES)} (HDF5Dataset) or {', '.join(ARROW_SUFFIXES)} (ArrowDataset)"

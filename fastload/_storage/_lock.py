@@ -1,0 +1,111 @@
+"""Exclusive locks between processes on one machine: ``fcntl.flock`` on a lock file.
+
+The kernel drops a process's locks when it dies, however it dies, so a lock never outlives its
+holder and a waiter never needs to judge whether a holder is alive. A lock file may be deleted
+while held (:meth:`HeldLock.unlink`): a waiter that then obtains the lock on the deleted file
+sees that the path no longer leads to it and starts over on the new one, so two processes can
+never both believe they hold the lock of one path.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+_POLL_S = 0.05
+
+
+class HeldLock:
+    """An exclusive lock on :attr:`path`, held until :meth:`release` (or the ``with`` block's
+    end)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def unlink(self) -> None:
+        """Delete the lock file while holding it (see the module docstring)."""
+        self.path.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        """Idempotent; closing the descriptor drops the lock."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> HeldLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def try_lock(path: Path) -> HeldLock | None:
+    """The lock of ``path`` if no other process holds it now, else ``None``; creates the lock
+    file. Raises ``OSError`` when the file cannot be created or opened."""
+    return _acquire(path, deadline=None)
+
+
+def lock(path: Path, *, timeout_s: float) -> HeldLock:
+    """The lock of ``path``, waiting (polled) while another process holds it; raises
+    ``TimeoutError`` naming the lock file and its holder after ``timeout_s`` seconds, and
+    ``OSError`` when the file cannot be created or opened."""
+    held = _acquire(path, deadline=time.monotonic() + timeout_s)
+    assert held is not None
+    return held
+
+
+def holder(path: Path) -> str:
+    """Who holds (or last held) the lock of ``path``, as its holder wrote it: ``pid N on HOST``."""
+    try:
+        return path.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _acquire(path: Path, *, deadline: float | None) -> HeldLock | None:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            if not _wait_for(fd, path, deadline):
+                os.close(fd)
+                return None
+            if _still_at(fd, path):
+                # Only for messages: who to look for when a waiter gives up.
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+                return HeldLock(path, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the file was deleted while we waited: lock the one now at ``path``
+
+
+def _wait_for(fd: int, path: Path, deadline: float | None) -> bool:
+    """Lock ``fd``: False at once if it is held and ``deadline`` is ``None``; polled until
+    ``deadline`` otherwise."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if deadline is None:
+                return False
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"{path} is locked by {holder(path)}; if that process is stuck, stop it"
+                    " (its lock goes with it)"
+                ) from None
+            time.sleep(_POLL_S)
+
+
+def _still_at(fd: int, path: Path) -> bool:
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (at_path.st_dev, at_path.st_ino)
