@@ -123,7 +123,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.device = device
         self.max_shared_bytes = max_shared_bytes
         self._epoch = 0
-        self._resume: dict[str, Any] | None = None
+        self._loaded = False  # load_state_dict's position stands until set_epoch names an epoch
+        self._counting = False  # the last iterator's count is of the sampler's current epoch
         self._last_it: weakref.ref[LoaderIterator] | None = None
         if collate_fn is None and _is_batch_reader(dataset):
             from fastload._collate import PadCollate
@@ -162,7 +163,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         self._begin_epoch()
-        return super().__iter__()
+        it = super().__iter__()
+        self._counting = True
+        return it
 
     # -- statistics ---------------------------------------------------------------------------
     def stats(self, scope: str = "run") -> LoaderStats:
@@ -186,23 +189,31 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._final_fields, self._final_workers = engine_fields, num_workers
     # -- epochs and exact resume ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run epoch ``epoch`` (and later ones count on from it)."""
+        """Make the next ``iter()`` run epoch ``epoch`` (and later ones count on from it).
+
+        A position loaded by :meth:`load_state_dict` in this same epoch is kept, so the usual
+        loop (``load_state_dict``, then ``set_epoch(e)`` before each epoch) resumes where the run
+        stopped instead of repeating the epoch's first batches; any other epoch starts from its
+        beginning. The sampler's own ``set_epoch`` is called too."""
         self._epoch = int(epoch)
-        self._resume = None
+        self._loaded = self._counting = False
+        sampler: Any = self.batch_sampler
+        if hasattr(sampler, "set_epoch") and hasattr(sampler, "load_state_dict"):
+            sampler.set_epoch(self._epoch)
 
     def _begin_epoch(self) -> None:
         sampler: Any = self.batch_sampler
         if hasattr(sampler, "set_epoch") and hasattr(sampler, "load_state_dict"):
-            if self._resume is not None:
-                sampler.load_state_dict(self._resume)
-                self._resume = None
+            if self._loaded:
+                self._loaded = False  # the sampler holds the loaded position (or its own epoch)
             else:
                 sampler.set_epoch(self._epoch)
             self._epoch = sampler.epoch + 1
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: batches the consumer received count as consumed;
-        batches prefetched by workers but not yet received do not."""
+        batches prefetched by workers but not yet received do not. Right after
+        :meth:`load_state_dict` it is the loaded position."""
         sampler: Any = self.batch_sampler
         if not hasattr(sampler, "state_dict"):
             raise TypeError(
@@ -210,13 +221,23 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 f"or a batch_sampler with state_dict/load_state_dict); this loader uses {type(sampler).__name__}"
             )
         it = self._last_iterator()
-        consumed = it._num_yielded if it is not None else 0
+        consumed = it._num_yielded if it is not None and self._counting else 0
         return {"sampler": sampler.state_dict(batches_consumed=consumed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` continues the saved epoch with exactly the batches an
-        uninterrupted run would have produced (on any number of ranks)."""
-        self._resume = dict(state["sampler"])
+        uninterrupted run would have produced (on any number of ranks), also after
+        ``set_epoch`` with the saved epoch. The state is loaded into the sampler at once, so a
+        mismatch raises here and ``len(loader)`` counts the batches left."""
+        sampler: Any = self.batch_sampler
+        if not hasattr(sampler, "load_state_dict"):
+            raise TypeError(
+                "load_state_dict() needs a resumable batch sampler (length_grouped=True, max_tokens=, "
+                f"or a batch_sampler with state_dict/load_state_dict); this loader uses {type(sampler).__name__}"
+            )
+        sampler.load_state_dict(dict(state["sampler"]))
+        self._epoch = getattr(sampler, "epoch", self._epoch)
+        self._loaded, self._counting = True, False
 
     def _last_iterator(self) -> LoaderIterator | None:
         return self._last_it() if self._last_it is not None else None
