@@ -122,10 +122,9 @@ def test_elastic_resume_from_two_ranks_onto_three_covers_the_rest_once(h5: Path)
     assert len(seen) - N < 3 * 8
 
 
-def test_state_dict_needs_a_resumable_sampler(h5: Path) -> None:
+def test_a_plain_loader_is_resumable_too(h5: Path) -> None:
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=4)
-    with pytest.raises(TypeError, match="resumable batch sampler"):
-        loader.state_dict()
+    assert loader.state_dict()["sampler"]["sampler"] == "BatchSampler(SequentialSampler)"
 
 
 def _save_at(h5: Path, epoch: int, batches: int, **options: Any) -> tuple[list[list[int]], dict[str, Any]]:
