@@ -127,7 +127,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self.max_shared_bytes = max_shared_bytes
         self._epoch = 0
         self._loaded = False  # load_state_dict's position stands until set_epoch names an epoch
-        self._counting = False  # the last iterator's count is of the sampler's current epoch
+        # The sampler's epoch when the last iterator began counting delivered batches (None
+        # after set_epoch or load_state_dict): its count is only of that epoch.
+        self._counted_epoch: int | None = None
         self._last_it: weakref.ref[LoaderIterator] | None = None
         if collate_fn is None and _is_batch_reader(dataset):
             from fastload._collate import PadCollate
@@ -169,7 +171,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def __iter__(self) -> Any:
         self._begin_epoch()
         it = super().__iter__()
-        self._counting = True
+        self._counted_epoch = self._sampler_epoch()
         return it
 
     # -- statistics ---------------------------------------------------------------------------
@@ -209,7 +211,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         beginning. The sampler's own ``set_epoch`` is called too (a ``DistributedSampler``'s
         included)."""
         self._epoch = int(epoch)
-        self._loaded = self._counting = False
+        self._loaded, self._counted_epoch = False, None
         sampler = self._resumable()
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
@@ -232,7 +234,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         :meth:`load_state_dict` it is the loaded position. JSON-able."""
         sampler = self._resumable_for("state_dict()")
         it = self._last_iterator()
-        consumed = it._num_yielded if it is not None and self._counting else 0
+        counting = self._counted_epoch is not None and self._counted_epoch == self._sampler_epoch()
+        consumed = it._num_yielded if it is not None and counting else 0
         return {"sampler": sampler.state_dict(batches_consumed=consumed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -243,7 +246,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sampler = self._resumable_for("load_state_dict()")
         sampler.load_state_dict(dict(state["sampler"]))
         self._epoch = getattr(sampler, "epoch", self._epoch)
-        self._loaded, self._counting = True, False
+        self._loaded, self._counted_epoch = True, None
 
     def _resumable(self) -> Any | None:
         """The index sampler that saves and loads positions, if there is one."""
@@ -251,6 +254,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if isinstance(self.dataset, torch.utils.data.IterableDataset):
             return None
         return sampler if hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict") else None
+
+    def _sampler_epoch(self) -> int:
+        """The resumable sampler's epoch (-1 where it has none): its own ``set_epoch`` may
+        move it."""
+        return int(getattr(self._resumable(), "epoch", -1))
 
     def _resumable_for(self, action: str) -> Any:
         """The index sampler that saves and loads positions, or a ``TypeError`` that says what

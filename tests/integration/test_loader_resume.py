@@ -196,10 +196,14 @@ def test_the_samplers_own_set_epoch_after_loading_keeps_the_position(h5: Path) -
 
 
 @pytest.mark.parametrize("persistent_workers", [False, True])
-def test_a_state_taken_after_set_epoch_starts_that_epoch(h5: Path, persistent_workers: bool) -> None:
+@pytest.mark.parametrize("caller", ["loader", "sampler"])
+def test_a_state_taken_after_set_epoch_starts_that_epoch(
+    h5: Path, persistent_workers: bool, caller: str
+) -> None:
     loader = _loader(h5, persistent_workers=persistent_workers)
     _epoch(loader)
-    loader.set_epoch(1)  # the finished epoch's 32 batches are not epoch 1's
+    # the finished epoch's 32 batches are not epoch 1's
+    (loader if caller == "loader" else loader.batch_sampler).set_epoch(1)
     state = loader.state_dict()
     assert (state["sampler"]["epoch"], state["sampler"]["batches_consumed"]) == (1, 0)
 
