@@ -11,6 +11,7 @@ import torch.utils.data
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
+from fastload._sampling._torch_resume import resumable_torch_sampler
 
 _log = logging.getLogger("fastload")
 
@@ -77,8 +78,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     ``loader.stats()`` answers "is my GPU waiting on data?" (see :class:`~fastload.LoaderStats`);
     ``loader.epoch_stats`` keeps one summary per finished epoch. ``iter(loader).worker_pids``
-    lists the current worker processes; ``state_dict()`` and ``load_state_dict()`` resume a
-    length-grouped epoch exactly where it stopped.
+    lists the current worker processes; ``state_dict()`` and ``load_state_dict()`` resume an
+    epoch exactly where it stopped, for length-grouped batches and for torch's own samplers
+    (sequential, ``RandomSampler`` with or without a generator, ``DistributedSampler``, a
+    ``BatchSampler`` over them), also after ``set_epoch`` with the saved epoch.
     """
 
     def __init__(
@@ -129,7 +132,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._final_fields: dict[str, Any] = {}  # the engine's figures when its workers stopped
         self._final_workers = 0
         self._epoch = 0
-        self._resume: dict[str, Any] | None = None
+        self._loaded = False  # load_state_dict's position stands until set_epoch names an epoch
+        # The sampler's epoch when the last iterator began counting delivered batches (None
+        # after set_epoch or load_state_dict): its count is only of that epoch.
+        self._counted_epoch: int | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if collate_fn is None and _is_batch_reader(dataset):
             from fastload._collate import PadCollate
@@ -159,6 +165,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
+        # torch's own samplers resume through a stand-in that yields exactly their items.
+        self._torch_resume = resumable_torch_sampler(super()._index_sampler)
 
     # fastload's options, read back by name (frameworks re-create a loader from the
     # attributes named as its constructor's parameters).
@@ -216,7 +224,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         self._begin_epoch()
-        return super().__iter__()
+        it = super().__iter__()
+        self._counted_epoch = self._sampler_epoch()
+        return it
 
     # -- statistics ---------------------------------------------------------------------------
     def stats(self, scope: str = "run") -> LoaderStats:
@@ -239,38 +249,93 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         """The workers stopped: keep their last figures for :meth:`stats`."""
         self._final_fields, self._final_workers = engine_fields, num_workers
     # -- epochs and exact resume ----------------------------------------------------------------
+    @property
+    def _index_sampler(self) -> Any:
+        """What the iterator draws indices from: torch's choice (``batch_sampler``, or
+        ``sampler`` without auto-collation), or its resumable stand-in for torch's own samplers."""
+        stand_in = self.__dict__.get("_torch_resume")
+        return stand_in if stand_in is not None else super()._index_sampler
+
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run epoch ``epoch`` (and later ones count on from it)."""
+        """Make the next ``iter()`` run epoch ``epoch`` (and later ones count on from it).
+
+        A position loaded by :meth:`load_state_dict` in this same epoch is kept, so the usual
+        loop (``load_state_dict``, then ``set_epoch(e)`` before each epoch) resumes where the run
+        stopped instead of repeating the epoch's first batches; any other epoch starts from its
+        beginning. The sampler's own ``set_epoch`` is called too (a ``DistributedSampler``'s
+        included)."""
         self._epoch = int(epoch)
-        self._resume = None
+        self._loaded, self._counted_epoch = False, None
+        sampler = self._resumable()
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self._epoch)
 
     def _begin_epoch(self) -> None:
-        sampler: Any = self.batch_sampler
-        if hasattr(sampler, "set_epoch") and hasattr(sampler, "load_state_dict"):
-            if self._resume is not None:
-                sampler.load_state_dict(self._resume)
-                self._resume = None
-            else:
-                sampler.set_epoch(self._epoch)
-            self._epoch = sampler.epoch + 1
+        sampler = self._resumable()
+        if sampler is None or not hasattr(sampler, "set_epoch"):
+            return
+        if not getattr(sampler, "follows_loader_epoch", True):
+            return  # a DistributedSampler: its own epoch decides, as with torch's loader
+        if self._loaded:
+            self._loaded = False  # the sampler holds the loaded position (or its own epoch)
+        else:
+            sampler.set_epoch(self._epoch)
+        self._epoch = sampler.epoch + 1
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: batches the consumer received count as consumed;
-        batches prefetched by workers but not yet received do not."""
-        sampler: Any = self.batch_sampler
-        if not hasattr(sampler, "state_dict"):
-            raise TypeError(
-                "state_dict() needs a resumable batch sampler (length_grouped=True, max_tokens=, "
-                f"or a batch_sampler with state_dict/load_state_dict); this loader uses {type(sampler).__name__}"
-            )
+        batches prefetched by workers but not yet received do not. Right after
+        :meth:`load_state_dict` it is the loaded position. JSON-able."""
+        sampler = self._resumable_for("state_dict()")
         it = self._last_iterator()
-        consumed = it._num_yielded if it is not None else 0
+        counting = self._counted_epoch is not None and self._counted_epoch == self._sampler_epoch()
+        consumed = it._num_yielded if it is not None and counting else 0
         return {"sampler": sampler.state_dict(batches_consumed=consumed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` continues the saved epoch with exactly the batches an
-        uninterrupted run would have produced (on any number of ranks)."""
-        self._resume = dict(state["sampler"])
+        uninterrupted run would have produced, also after ``set_epoch`` with the saved epoch.
+        The state is loaded into the sampler at once, so a state saved with other settings
+        raises ``ValueError`` here, and ``len(loader)`` counts the batches left."""
+        sampler = self._resumable_for("load_state_dict()")
+        sampler.load_state_dict(dict(state["sampler"]))
+        self._epoch = getattr(sampler, "epoch", self._epoch)
+        self._loaded, self._counted_epoch = True, None
+
+    def _resumable(self) -> Any | None:
+        """The index sampler that saves and loads positions, if there is one."""
+        sampler: Any = self._index_sampler
+        if isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return None
+        return sampler if hasattr(sampler, "state_dict") and hasattr(sampler, "load_state_dict") else None
+
+    def _sampler_epoch(self) -> int:
+        """The resumable sampler's epoch (-1 where it has none): its own ``set_epoch`` may
+        move it."""
+        return int(getattr(self._resumable(), "epoch", -1))
+
+    def _resumable_for(self, action: str) -> Any:
+        """The index sampler that saves and loads positions, or a ``TypeError`` that says what
+        would make this loader resumable."""
+        sampler: Any = self._resumable()
+        if sampler is not None:
+            return sampler
+        if isinstance(self.dataset, torch.utils.data.IterableDataset):
+            raise TypeError(
+                f"{action} cannot resume a loader over an IterableDataset "
+                f"({type(self.dataset).__name__}): no sampler decides its order, so its position "
+                "must be kept by the dataset itself"
+            )
+        used: Any = self._index_sampler
+        inner = used.sampler if type(used) is torch.utils.data.BatchSampler else None
+        name = type(used).__name__ + ("" if inner is None else f" over a {type(inner).__name__}")
+        raise TypeError(
+            f"{action} needs a resumable sampler; this loader's {name} has no state_dict/"
+            "load_state_dict. Use torch's SequentialSampler, RandomSampler or "
+            "DistributedSampler (alone or in a BatchSampler), length_grouped=True or "
+            "max_tokens=, or pass as batch_sampler= a sampler with "
+            "state_dict(batches_consumed=...) and load_state_dict(state)"
+        )
 
     def _last_iterator(self) -> InProcessIterator | WorkerIterator | None:
         return self._last_it() if self._last_it is not None else None

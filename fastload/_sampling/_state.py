@@ -39,22 +39,31 @@ def dump_state(cursor: Cursor, *, seed: int, identity: Mapping[str, Any]) -> dic
     }
 
 
-def load_state(state: Mapping[str, Any], *, identity: Mapping[str, Any]) -> tuple[int, Cursor]:
-    """``(seed, cursor)`` of ``state``, after checking its format and that it was saved with
-    the same ``identity``."""
-    missing = [key for key in ("format", *identity, *_CURSOR_KEYS) if key not in state]
-    if missing:
-        raise ValueError(f"sampler state lacks {', '.join(missing)}; got keys {sorted(state)}")
-    if state["format"] != STATE_FORMAT:
+def check_identity(
+    state: Mapping[str, Any], identity: Mapping[str, Any], *, required: tuple[str, ...] = ()
+) -> None:
+    """Raise ``ValueError`` unless ``state`` has the supported format, was saved with the same
+    ``identity`` and holds the ``required`` keys. A differing setting is named before a missing
+    key, so a state of another kind of sampler says so (its ``sampler`` differs) first."""
+    if "format" in state and state["format"] != STATE_FORMAT:
         raise ValueError(
             f"sampler state format {state['format']!r} is not the supported {STATE_FORMAT}"
         )
     for key, mine in identity.items():
-        if state[key] != mine:
+        if key in state and state[key] != mine:
             raise ValueError(
                 f"sampler state was saved with {key}={state[key]!r} but this sampler has "
                 f"{key}={mine!r}; build the sampler with the same settings to resume"
             )
+    missing = [key for key in ("format", *identity, *required) if key not in state]
+    if missing:
+        raise ValueError(f"sampler state lacks {', '.join(missing)}; got keys {sorted(state)}")
+
+
+def load_state(state: Mapping[str, Any], *, identity: Mapping[str, Any]) -> tuple[int, Cursor]:
+    """``(seed, cursor)`` of ``state``, after checking its format and that it was saved with
+    the same ``identity``."""
+    check_identity(state, identity, required=_CURSOR_KEYS)
     cursor = Cursor(
         epoch=check_int("state['epoch']", state["epoch"], minimum=0),
         plan_replicas=check_int(

@@ -122,7 +122,94 @@ def test_elastic_resume_from_two_ranks_onto_three_covers_the_rest_once(h5: Path)
     assert len(seen) - N < 3 * 8
 
 
-def test_state_dict_needs_a_resumable_sampler(h5: Path) -> None:
+def test_a_plain_loader_is_resumable_too(h5: Path) -> None:
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=4)
-    with pytest.raises(TypeError, match="resumable batch sampler"):
-        loader.state_dict()
+    assert loader.state_dict()["sampler"]["sampler"] == "BatchSampler(SequentialSampler)"
+
+
+def _save_at(h5: Path, epoch: int, batches: int, **options: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """The first ``batches`` batches of ``epoch`` and the state right after them (through JSON,
+    as a checkpoint would keep it); workers have prefetched more than that."""
+    import json
+
+    loader = _loader(h5, **options)
+    loader.set_epoch(epoch)
+    it = iter(loader)
+    taken = [_ids(next(it)) for _ in range(batches)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    return taken, state
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("stop_after", [0, 20, 32])
+def test_the_usual_resume_loop_with_set_epoch_equals_an_uninterrupted_run(
+    h5: Path, num_workers: int, stop_after: int
+) -> None:
+    reference = _loader(h5, num_workers=num_workers)
+    uninterrupted = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        uninterrupted.extend(_epoch(reference))
+
+    taken, state = _save_at(h5, 0, stop_after, num_workers=num_workers)
+    resumed = _loader(h5, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    got = list(taken)
+    for epoch in range(3):  # what a training loop (and Hugging Face's Trainer) does
+        resumed.set_epoch(epoch)
+        got.extend(_epoch(resumed))
+    assert got == uninterrupted
+
+
+def test_set_epoch_keeps_a_loaded_position_only_for_its_own_epoch(h5: Path) -> None:
+    reference = _loader(h5)
+    reference.set_epoch(1)
+    epoch1, epoch2 = _epoch(reference), _epoch(reference)
+    taken, state = _save_at(h5, 1, 20)
+    assert taken == epoch1[:20]
+
+    kept = _loader(h5)
+    kept.load_state_dict(state)
+    kept.set_epoch(1)
+    assert len(kept) == 12
+    assert kept.state_dict() == state  # nothing consumed since the load
+    assert _epoch(kept) == epoch1[20:]
+
+    moved = _loader(h5)
+    moved.load_state_dict(state)
+    moved.set_epoch(2)
+    assert len(moved) == 32
+    assert _epoch(moved) == epoch2
+
+
+def test_the_samplers_own_set_epoch_after_loading_keeps_the_position(h5: Path) -> None:
+    reference = _loader(h5)
+    reference.set_epoch(1)
+    epoch1 = _epoch(reference)
+    _, state = _save_at(h5, 1, 5)
+    resumed = _loader(h5)
+    resumed.load_state_dict(state)
+    resumed.batch_sampler.set_epoch(1)
+    assert _epoch(resumed) == epoch1[5:]
+
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+@pytest.mark.parametrize("caller", ["loader", "sampler"])
+def test_a_state_taken_after_set_epoch_starts_that_epoch(
+    h5: Path, persistent_workers: bool, caller: str
+) -> None:
+    loader = _loader(h5, persistent_workers=persistent_workers)
+    _epoch(loader)
+    # the finished epoch's 32 batches are not epoch 1's
+    (loader if caller == "loader" else loader.batch_sampler).set_epoch(1)
+    state = loader.state_dict()
+    assert (state["sampler"]["epoch"], state["sampler"]["batches_consumed"]) == (1, 0)
+
+
+def test_loading_a_state_of_other_settings_raises_at_once(h5: Path) -> None:
+    _, state = _save_at(h5, 0, 3)
+    loader = _loader(h5, batch_size=8)
+    with pytest.raises(ValueError, match="batch_size"):
+        loader.load_state_dict(state)
