@@ -13,6 +13,7 @@ Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_engine.py -s --size ful
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,4 +162,88 @@ def test_first_batch_and_peak_memory(corpus: Any, capsys: Any, bench_size: str) 
         capsys,
         _table(f"time to first batch and peak PSS, 2 workers ({bench_size}); "
                f"fastload/torch PSS = {ratio:.2f}", ["loader", "first batch s", "peak PSS MiB"], rows),
+    )
+
+
+class _Ready:
+    """The floor: a Python iterator whose next() only pops an item already there, as cheap as
+    a loader's next() can be. After a long step even this runs from cold caches."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items[::-1]
+
+    def __iter__(self) -> _Ready:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._items:
+            raise StopIteration
+        return self._items.pop()
+
+
+def _next_costs(batches: Any, count: int, step_s: float) -> tuple[list[float], float]:
+    """Each steady next() as the caller's clock sees it, and the stall fraction from the same
+    clock (time in next() over the time since the first batch)."""
+    it = iter(batches)
+    waits: list[float] = []
+    started = time.perf_counter()
+    next(it)  # start-up, reported apart (test_first_batch_and_peak_memory)
+    first = time.perf_counter()
+    for _ in range(count):
+        t0 = time.perf_counter()
+        batch = next(it)
+        waits.append(time.perf_counter() - t0)
+        del batch
+        time.sleep(step_s)
+    elapsed = time.perf_counter() - first
+    del it, started
+    return waits, sum(waits) / elapsed
+
+
+@pytest.mark.parametrize("step_ms", [2, 10, 50])
+def test_next_of_a_ready_batch(corpus: Any, step_ms: int, capsys: Any, bench_size: str) -> None:
+    """next() of a batch that is ready when asked for (the step is longer than building it),
+    from the caller's clock: the median and 90th percentile per call, the stall that makes, and
+    the stall the loader's own meter reports for the same run. The baseline is :class:`_Ready`
+    after the same step."""
+    path, plan, rounds = corpus
+    count = max(20, min(len(plan) - 1, int(1.5 / (step_ms / 1000)))) if bench_size == "full" else 10
+    sub = plan[: count + 1]
+    medians: dict[str, list[float]] = {}
+    p90s: dict[str, list[float]] = {}
+    stalls: dict[str, list[float]] = {}
+    meter: list[float] = []
+    for _ in range(rounds):
+        loaders: dict[str, Any] = {
+            "floor: an iterator over ready items": _Ready([{"lengths": np.zeros(1)}] * (count + 1)),
+            "torch, __getitems__ memmap, 2 workers": LOADERS["mmap_getitems"](path, sub, 2),
+            "fastload, 2 workers": LOADERS["fastload"](path, sub, 2),
+        }
+        for name, loader in loaders.items():
+            waits, stall = _next_costs(loader, count, step_ms / 1000)
+            medians.setdefault(name, []).append(float(np.median(waits)))
+            p90s.setdefault(name, []).append(float(np.percentile(waits, 90)))
+            stalls.setdefault(name, []).append(stall)
+            if name.startswith("fastload"):
+                meter.append(loader.stats("epoch").stall_fraction)
+    med = {k: float(np.median(v)) for k, v in medians.items()}
+    floor = med["floor: an iterator over ready items"]
+    rows = [
+        [k, f"{med[k] * 1e6:.0f}", f"{np.median(p90s[k]) * 1e6:.0f}", f"{med[k] / floor:.1f}x",
+         f"{np.median(stalls[k]):.2%}"]
+        for k in med
+    ]
+    meter_stall = float(np.median(meter))
+    _report(
+        f"next-{step_ms}ms-{bench_size}",
+        {"median_s": med, "p90_s": {k: float(np.median(v)) for k, v in p90s.items()},
+         "stall": {k: float(np.median(v)) for k, v in stalls.items()}, "meter_stall": meter_stall,
+         "calls": count, "rounds": rounds},
+        capsys,
+        _table(
+            f"next() of a ready batch after a {step_ms} ms step, caller's clock ({bench_size}, "
+            f"{count} calls x {rounds}); fastload's own meter: stall {meter_stall:.2%}",
+            ["loader", "median us", "p90 us", "vs floor", "stall"],
+            rows,
+        ),
     )

@@ -27,8 +27,9 @@ from torch.utils.data import IterableDataset
 from fastload._device import DevicePrefetcher, cuda_available, page_lock, pin_tree
 from fastload._engine import (
     DONE,
-    FAILED,
+    OK,
     HostPolicy,
+    Kind,
     Runner,
     RunnerOptions,
     available_memory_bytes,
@@ -101,6 +102,9 @@ class _BaseIterator:
         self._fast_collate = fast_path_collate(
             loader.dataset, loader.collate_fn, loader._auto_collation, loader.num_workers
         )
+        # One test per batch for what most loaders never do (next() after a long step runs from
+        # cold caches: each line it runs counts; benchmarks/README.md, "next() of a ready batch").
+        self._extras = self._options.progress or self._options.log_every_s is not None or self._is_iterable
         _live.add(self)
 
     # -- the iterator protocol ------------------------------------------------------------------
@@ -126,18 +130,24 @@ class _BaseIterator:
             if isinstance(exc, StopIteration):
                 self._end_epoch()
             raise
+        self._num_yielded += 1
+        if self._extras:
+            self._after_batch()
+        entry = self._meter.record(started, *counts)
+        entry[0] = _clock()  # after record(): Python evaluates the right-hand side first
+        return data
+
+    def _after_batch(self) -> None:
+        """What some loaders do as a batch is handed out: the progress bar, the logged stats,
+        torch's warning for an IterableDataset longer than its ``len()``."""
         options = self._options
         if options.progress:
             self._tick()
         if options.log_every_s is not None and time.monotonic() - self._logged_at >= options.log_every_s:
             self._logged_at = time.monotonic()
             _log.info("%s", self.stats())
-        self._num_yielded += 1
         if self._is_iterable:
             self._warn_if_past_len()
-        entry = self._meter.record(started, *counts)
-        entry[0] = _clock()  # after record(): Python evaluates the right-hand side first
-        return data
 
     def _next_host(self) -> tuple[Any, Counts]:
         raise NotImplementedError  # each mode provides it
@@ -262,6 +272,7 @@ class WorkerIterator(_BaseIterator):
         super().__init__(loader)
         self._persistent = loader.persistent_workers
         self._tuner = AutoTuner(min_workers=1, memory_ok=_memory_ok) if self._options.auto_workers else None
+        self._host_extras = self._tuner is not None or self._pin
         self._last_fields: dict[str, Any] = {}
         self._report_final = loader._on_shutdown
         self._runner_options = RunnerOptions(
@@ -294,14 +305,25 @@ class WorkerIterator(_BaseIterator):
             if runner.closed:  # the runner ended the epoch: keep its last figures
                 self._shutdown()
             raise
+        if kind is not OK:
+            return self._not_a_batch(runner, kind, value)
+        if self._host_extras:
+            return self._host_extras_for(runner, value, counts)
+        return value, counts or batch_counts(value)
+
+    def _not_a_batch(self, runner: Runner, kind: Kind, value: Any) -> tuple[Any, Counts]:
         if kind is DONE:
             if not self._persistent:
                 self._shutdown()
             raise StopIteration
         if self._tuner is not None:
             self._tune(runner)
-        if kind is FAILED:
-            raise value
+        raise value  # FAILED: the epoch goes on after it
+
+    def _host_extras_for(self, runner: Runner, value: Any, counts: Counts | None) -> tuple[Any, Counts]:
+        """A batch, for a loader that tunes its workers or pins generic-path batches."""
+        if self._tuner is not None:
+            self._tune(runner)
         if self._pin and not runner.fast:
             value = pin_tree(value)
         return value, counts or batch_counts(value)
