@@ -17,37 +17,28 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from fastload._collate._checks import (
+    Scalar,
+    batch_size,
+    check_generated_names,
+    check_pad_value,
+    check_representable,
+    names,
+    numpy_dtype,
+    optional_positive,
+)
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pad_into
 from fastload._protocols import Layout, OneCallBuilder
 from fastload._types import Column, Counts, Field, Ragged, Spans
-from fastload.errors import DataFormatError, FieldNotFoundError
+from fastload.errors import FieldNotFoundError
 
 #: A columnar batch as PadCollate reads it (``Columns``, or any mapping like it).
 Columns = Mapping[str, Column | Spans]
-Scalar = bool | int | float
 
 MASK_NAME = "attention_mask"
 LENGTHS_NAME = "lengths"
 PADDING_SIDES = ("right", "left")
-
-
-def _numpy_dtype(option: str, dtype: torch.dtype) -> np.dtype:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"{option} must be a torch.dtype; got {dtype!r}")
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError as error:
-        raise ValueError(
-            f"{option}={dtype} has no numpy equivalent for the shared-memory batch; collate to "
-            "torch.float32 and convert on the device"
-        ) from error
-
-
-def _check_pad_value(option: str, value: object) -> Scalar:
-    if not isinstance(value, (bool, int, float, np.integer, np.floating)):
-        raise TypeError(f"{option} must be a number; got {value!r}")
-    return value.item() if isinstance(value, np.generic) else value
 
 
 @dataclass(frozen=True)
@@ -134,34 +125,34 @@ class PadCollate:
     ) -> None:
         if isinstance(pad_value, Mapping):
             self._pad_values = {
-                str(name): _check_pad_value(f"pad_value[{name!r}]", value)
+                str(name): check_pad_value(f"pad_value[{name!r}]", value)
                 for name, value in pad_value.items()
             }
             self._pad_default: Scalar = 0
         else:
             self._pad_values = {}
-            self._pad_default = _check_pad_value("pad_value", pad_value)
-        self._multiple = _optional_positive("pad_to_multiple_of", pad_to_multiple_of) or 1
+            self._pad_default = check_pad_value("pad_value", pad_value)
+        self._multiple = optional_positive("pad_to_multiple_of", pad_to_multiple_of) or 1
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be 'right' or 'left'; got {padding_side!r}")
         self._left = padding_side == "left"
         if isinstance(dtype, Mapping):
             self._dtypes = {
-                str(name): _numpy_dtype(f"dtype[{name!r}]", value) for name, value in dtype.items()
+                str(name): numpy_dtype(f"dtype[{name!r}]", value) for name, value in dtype.items()
             }
             self._dtype_default: np.dtype | None = None
         else:
             self._dtypes = {}
-            self._dtype_default = None if dtype is None else _numpy_dtype("dtype", dtype)
-        self._max_length = _optional_positive("max_length", max_length)
-        self._mask_dtype = _numpy_dtype("mask_dtype", mask_dtype)
-        self._fields = None if fields is None else _names("fields", fields)
+            self._dtype_default = None if dtype is None else numpy_dtype("dtype", dtype)
+        self._max_length = optional_positive("max_length", max_length)
+        self._mask_dtype = numpy_dtype("mask_dtype", mask_dtype)
+        self._fields = None if fields is None else names("fields", fields)
         if primary is not None and not isinstance(primary, str):
             raise TypeError(f"primary must be a field name or None; got {primary!r}")
         self._primary = primary
         if isinstance(ragged, Mapping):  # a dataset's ``fields``: name -> Field
             ragged = [name for name, field in ragged.items() if field.kind == "ragged"]
-        self._ragged = None if ragged is None else frozenset(_names("ragged", ragged))
+        self._ragged = None if ragged is None else frozenset(names("ragged", ragged))
         # Column signature (name, kind, stored dtype per column) -> what is fixed for it.
         self._schemas: dict[tuple[tuple[str, type, np.dtype | None], ...], _Schema] = {}
 
@@ -273,7 +264,7 @@ class PadCollate:
         schema = self._schemas.get(signature)
         if schema is None:
             schema = self._schemas[signature] = self._schema(columns)
-        rows = _batch_size(columns)
+        rows = batch_size(columns)
         multiple, max_length = self._multiple, self._max_length
         specs = []
         for rule in schema.ragged:
@@ -311,7 +302,7 @@ class PadCollate:
                     f"field {name!r} holds {stored}, which dtype={dtype} cannot hold without "
                     "changing kind (e.g. float to int); pick a dtype of the same kind"
                 )
-            _check_representable(name, pad_value, dtype)
+            check_representable(name, pad_value, dtype)
             is_primary = name == primary
             rules.append(
                 _FieldRule(
@@ -322,7 +313,7 @@ class PadCollate:
                     mask_name=MASK_NAME if is_primary else None,
                 )
             )
-        _check_names(columns, rules)
+        check_generated_names(columns, rules)
         return _Schema(tuple(rules))
 
 
@@ -397,63 +388,3 @@ class _Prepared:
             if spec.rule.mask_name is not None:
                 return Counts(rows, int(spec.kept.sum()), rows * spec.width)
         return Counts(rows)
-
-
-def _optional_positive(option: str, value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{option} must be an integer >= 1 or None; got {value!r}")
-    return int(value)
-
-
-def _names(option: str, names: Collection[str]) -> list[str]:
-    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
-        raise TypeError(f"{option} must be a sequence of field names; got {names!r}")
-    return list(names)
-
-
-def _batch_size(columns: Columns) -> int:
-    size: int | None = None
-    for name, column in columns.items():
-        if isinstance(column, Spans):
-            rows = len(column.lengths)
-        elif isinstance(column, Ragged):
-            rows = len(column.lengths)
-            if column.values.shape[0] != int(column.lengths.sum()):
-                raise DataFormatError(
-                    f"ragged field {name!r} has {column.values.shape[0]} values but its lengths "
-                    f"add up to {int(column.lengths.sum())}"
-                )
-        else:
-            rows = len(column)
-        if size is None:
-            size = rows
-        elif rows != size:
-            sizes = {n: len(c.lengths) if isinstance(c, (Spans, Ragged)) else len(c) for n, c in columns.items()}
-            raise DataFormatError(f"the fields of the batch disagree on its size: {sizes}")
-    return size or 0
-
-
-def _check_names(columns: Columns, rules: list[_FieldRule]) -> None:
-    generated = [rule.lengths_name for rule in rules]
-    generated += [rule.mask_name for rule in rules if rule.mask_name is not None]
-    clashes = sorted(set(generated) & set(columns))
-    if clashes:
-        raise ValueError(
-            f"the batch has fields named {clashes}, which PadCollate generates itself; leave "
-            "them out with fields=[...] (the mask and lengths are rebuilt from the padding)"
-        )
-
-
-def _check_representable(name: str, pad_value: Scalar, dtype: np.dtype) -> None:
-    kind = np.dtype(dtype).kind
-    if kind in "iu":
-        info = np.iinfo(dtype)
-        if float(pad_value) != int(pad_value) or not info.min <= int(pad_value) <= info.max:
-            raise ValueError(
-                f"pad_value {pad_value!r} for field {name!r} does not fit its dtype {dtype} "
-                f"({info.min}..{info.max}); pass dtype= (e.g. torch.int64) or another pad_value"
-            )
-    elif kind == "b" and pad_value not in (0, 1):
-        raise ValueError(f"pad_value {pad_value!r} for boolean field {name!r} must be 0 or 1")

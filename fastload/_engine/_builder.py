@@ -10,8 +10,10 @@ builds the batches the main process takes over (``_claims.py``).
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -139,4 +141,22 @@ class SlotBuilder:
         return SlotBatch(described, objects, nbytes, counts)
 
 
-__all__ = ["SlotBuilder", "batch_reader"]
+def main_builder(dataset: Any, collate: Any) -> Callable[[SlotArena], SlotBuilder | None]:
+    """What makes, given the arena, the builder with which the main process may build a batch
+    itself while it would wait for a worker (``_claims.py``): one that builds the one-call
+    batches, and any batch of a reader and a collate that both say their output is the same in
+    any process (``fastload._protocols``); ``None`` where neither applies. (Never with a
+    ``worker_init_fn``, which may change what a worker's dataset reads: the caller sees to
+    that.)"""
+    general = bool(getattr(dataset, "process_independent_reads", False)) and bool(
+        getattr(collate, "process_independent", False)
+    )
+
+    def make(arena: SlotArena) -> SlotBuilder | None:
+        builder = SlotBuilder(dataset, collate, os.getpid(), slots=arena)
+        return builder if general or builder.one_call() else None
+
+    return make
+
+
+__all__ = ["SlotBuilder", "batch_reader", "main_builder"]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import multiprocessing
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from fastload._engine._codec import Codec, GenericCodec
 from fastload._engine._deadline import Deadline
 from fastload._engine._messages import (
     DONE,
@@ -25,111 +26,17 @@ from fastload._engine._messages import (
     Kind,
     Reply,
     Resume,
-    TaskMessage,
-    WorkerFailure,
+    describe_indices,
+    rebuild_exception,
 )
 from fastload._engine._pool import WorkerDied, WorkerPool
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 from fastload._engine._slots import RESEND
-from fastload._engine._transport import loads
 from fastload._engine._worker import WorkerSpec
-from fastload._types import Counts
 from fastload.errors import WorkerCrashedError
 
 MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
 _DONE = Delivery(DONE, None, None)
-
-
-class Codec(Protocol):
-    """What the engine does with a task and a worker's payload; the fast path supplies one that
-    reserves slots and turns slot descriptors into tensors (``_slots.py``)."""
-
-    def deliver(self, index: Any, payload: Any) -> tuple[Any, Counts | None]:
-        """The batch handed to the consumer for a task's payload, and its counts when the
-        payload says them (else ``None``): one call, once per batch."""
-
-    def retry(self, index: Any, payload: Any) -> Any:
-        """A new index to build the task again with (an oversize batch gets a bigger slot), or
-        ``None`` to deliver ``payload``."""
-
-    def drop(self, index: Any) -> None:
-        """The task will never be delivered (failed, stale or closed): free what it holds. Only
-        called once no worker can still write for it."""
-
-    def task_message(self, epoch: int, seq: int, index: Any) -> Any:
-        """What is sent to the worker for a task: a picklable message, or bytes."""
-
-    def result_message(self, data: bytes) -> Reply:
-        """A worker's reply from its bytes (the inverse of what the worker's builder wrote)."""
-
-    #: Whether :meth:`take_over` can ever take a task.
-    takes_over: bool
-
-    def take_over(self, index: Any) -> Any:
-        """Build the task in the main process if its worker has not started it (its worker then
-        drops it): ``None`` when not taken, else the payload a worker would have sent, or
-        ``RESEND`` (taken, but a worker must build it)."""
-
-
-class GenericCodec:
-    """The generic path: the payload is the batch itself."""
-
-    takes_over = False
-
-    def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
-        return payload, None
-
-    def retry(self, index: Any, payload: Any) -> Any:
-        return None
-
-    def drop(self, index: Any) -> None:
-        return None
-
-    def task_message(self, epoch: int, seq: int, index: Any) -> Any:
-        return TaskMessage(epoch, seq, index)
-
-    def result_message(self, data: bytes) -> Reply:
-        reply: Reply = loads(data)
-        return reply
-
-    def take_over(self, index: Any) -> Any:
-        return None
-
-
-def describe_indices(index: Any, limit: int = 16) -> str:
-    """A short rendering of a batch's sample indices for error messages."""
-    try:
-        items = list(index)
-    except TypeError:
-        return repr(index)
-    shown = ", ".join(str(int(i)) if hasattr(i, "__index__") else repr(i) for i in items[:limit])
-    more = f", ... ({len(items)} in all)" if len(items) > limit else ""
-    return f"[{shown}{more}]"
-
-
-class _KeyErrorMessage(str):
-    """KeyError's ``str()`` is the ``repr()`` of its argument; this keeps a multi-line message
-    readable, as torch does."""
-
-    def __repr__(self) -> str:
-        return self
-
-
-def rebuild_exception(failure: WorkerFailure, seq: int) -> BaseException:
-    """The worker's exception, of its original type when that type takes a message, with a
-    message naming the worker, the batch and the sample indices, and the worker's traceback."""
-    name = failure.exc_type.__name__
-    msg = (
-        f"Caught {name} in DataLoader worker process {failure.worker_id} (pid {failure.pid}) "
-        f"while building batch {seq} from sample indices {describe_indices(failure.index)}.\n"
-        f"Original {failure.traceback}"
-    )
-    if failure.exc_type is KeyError:
-        return KeyError(_KeyErrorMessage(msg))
-    try:
-        return failure.exc_type(msg)
-    except Exception:
-        return RuntimeError(msg)
 
 
 class Engine:

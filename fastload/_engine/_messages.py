@@ -80,6 +80,42 @@ class WorkerFailure:
     index: Any
 
 
+def describe_indices(index: Any, limit: int = 16) -> str:
+    """A short rendering of a batch's sample indices for error messages."""
+    try:
+        items = list(index)
+    except TypeError:
+        return repr(index)
+    shown = ", ".join(str(int(i)) if hasattr(i, "__index__") else repr(i) for i in items[:limit])
+    more = f", ... ({len(items)} in all)" if len(items) > limit else ""
+    return f"[{shown}{more}]"
+
+
+class _KeyErrorMessage(str):
+    """KeyError's ``str()`` is the ``repr()`` of its argument; this keeps a multi-line message
+    readable, as torch does."""
+
+    def __repr__(self) -> str:
+        return self
+
+
+def rebuild_exception(failure: WorkerFailure, seq: int) -> BaseException:
+    """The worker's exception, of its original type when that type takes a message, with a
+    message naming the worker, the batch and the sample indices, and the worker's traceback."""
+    name = failure.exc_type.__name__
+    msg = (
+        f"Caught {name} in DataLoader worker process {failure.worker_id} (pid {failure.pid}) "
+        f"while building batch {seq} from sample indices {describe_indices(failure.index)}.\n"
+        f"Original {failure.traceback}"
+    )
+    if failure.exc_type is KeyError:
+        return KeyError(_KeyErrorMessage(msg))
+    try:
+        return failure.exc_type(msg)
+    except Exception:
+        return RuntimeError(msg)
+
+
 __all__ = [
     "DONE",
     "ERROR",
@@ -92,4 +128,6 @@ __all__ = [
     "Resume",
     "TaskMessage",
     "WorkerFailure",
+    "describe_indices",
+    "rebuild_exception",
 ]

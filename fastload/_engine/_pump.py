@@ -1,33 +1,29 @@
-"""The fast path's engine runner: receives and decodes batches and dispatches the next tasks,
-either on the consumer's own thread or on a thread of its own, whichever the consumer's pace
-calls for.
+"""The fast path's driver: receives and decodes batches and dispatches the next tasks, either
+on the consumer's own thread or on a thread of its own, whichever the consumer's pace calls for.
 
 Two drivers of one state machine:
 
 * **Inline** (the consumer steps fast, under ``FAST_STEP_S``): ``next()`` itself sends the next
-  task and takes what the workers have finished. No second thread competes for the GIL: on two
-  cores that contention cost more than the work (measured with 2 workers and a consumer that
-  only takes batches of 64: 111 µs of the main process's CPU per batch with the thread, 61 µs
-  inline; 460k against 640k samples/s). Where nothing has arrived and the engine can help,
-  ``next()`` builds a task no worker has started itself instead of blocking
+  task and takes what the workers have finished. No second thread competes for the GIL, which
+  on a small machine costs more than the work it would hide. Where nothing has arrived and the
+  engine can help, ``next()`` builds a task no worker has started itself instead of blocking
   (:meth:`~fastload._engine._engine.Engine.help`).
 * **Threaded** (the consumer steps slowly, over ``SLOW_STEP_S``: a GPU step, a sleep): the
   thread ``fastload-pump`` does the same work while the consumer is away, so ``next()`` only
-  takes a finished batch off a queue. After a long step everything the consumer touches is cold
-  (a VM's caches are someone else's by then): receiving, wrapping and dispatching in ``next()``
-  took 200-450 µs after a 2-10 ms sleep, against 10-40 µs for taking a finished batch.
+  takes a finished batch off a queue: after a long step everything ``next()`` touches is cold,
+  so the less it does the better.
 
-The first batch is taken inline (starting the thread at ``iter()`` took 3 ms of the first
-batch's wait here, the workers being forked meanwhile); the thread starts as it is handed out
-and drives during the consumer's first step. From then on the runner follows the consumer's
-step (the first one measured, then an exponential average), with hysteresis: a fast consumer
-is back inline at its second ``next()``. A switch costs one wake-up; a parked thread holds no
-descriptor and polls nothing.
+The first batch is taken inline (the workers are still being forked); the thread starts as it
+is handed out and drives during the consumer's first step. From then on the pump follows the
+consumer's step (the first one measured, then an exponential average), with hysteresis: a fast
+consumer is back inline at its second ``next()``. A switch costs one wake-up; a parked thread
+holds no descriptor and polls nothing. (The measurements behind these choices are in
+``benchmarks/README.md``.)
 
-Protocol. The consumer ``grant()``s one task per batch it takes (torch's ``_try_put_index``),
-so at most ``prefetch_factor * num_workers`` batches are dispatched and not yet taken, as in
-torch. Tasks take sample indices from ``source`` only against a grant, so the sampler runs ahead
-of the consumer by that much and no more. ``get()`` returns the next item in order:
+Protocol. Each batch taken grants one task (torch's ``_try_put_index``), so at most
+``prefetch_factor * num_workers`` batches are dispatched and not yet taken, as in torch. Tasks
+take sample indices from ``source`` only against a grant, so the sampler runs ahead of the
+consumer by that much and no more. :meth:`Pump.take` returns the next item in order:
 ``(OK, batch, counts)``, ``(FAILED, exception, None)`` for a batch whose building raised (the
 epoch goes on), ``(ERROR, exception, None)`` when the epoch cannot go on (a crash loop; a
 sampler that raised, once the batches it gave before are out), or ``(DONE, None, None)`` once
@@ -45,9 +41,6 @@ this object), so dropping the iterator still shuts everything down through ``__d
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
 import select
 import threading
 import time
@@ -55,29 +48,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from fastload._engine._deadline import MAX_BLOCK_S, Deadline
+from fastload._engine._deadline import Deadline
+from fastload._engine._drivers import drive_inline, run_thread
 from fastload._engine._engine import Engine
-from fastload._engine._host import HostPolicy, thread_begins
+from fastload._engine._host import HostPolicy
 from fastload._engine._messages import DONE, ERROR, FAILED, OK, Delivery
+from fastload._engine._wake import Waker
 from fastload._types import Counts
 
-
-def _libc_write() -> Callable[[int, bytes, int], int]:
-    """libc's ``write`` called with the GIL held (``ctypes.PyDLL``), or a stand-in returning -1
-    where there is no libc to load."""
-    try:
-        write = ctypes.PyDLL(None).write
-    except (OSError, AttributeError):
-        return lambda fd, data, n: -1
-    write.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
-    write.restype = ctypes.c_ssize_t
-    return write
-
-
-_write_holding_gil = _libc_write()
-
 _END = object()  # the index source is spent
-_IDLE_POLL_MS = int(MAX_BLOCK_S * 1000)  # longest block; every wake re-checks worker liveness
 _DONE = Delivery(DONE, None, None)
 
 #: The consumer's average step (seconds between taking a batch and asking for the next) above
@@ -133,13 +112,11 @@ class Pump:
         #: Seconds the consumer has spent blocked in get(), waiting for the workers.
         self.waited_s = 0.0
         self._park = threading.Condition(threading.Lock())
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-        self._inline_poll: tuple[int, list[int], select.poll] | None = None
+        self._waker = Waker()
+        self._inline_poll: tuple[int, list[int], select.poll] | None = None  # (_drivers.py)
         self._helps = engine.helps  # next() builds rather than block, where it can
         self._waiting = False  # the consumer is blocked on _cond (threaded)
-        self._thread = threading.Thread(target=self._run, name="fastload-pump", daemon=True)
+        self._thread = threading.Thread(target=run_thread, args=(self,), name="fastload-pump", daemon=True)
         self._started = False
         self._host = host
         self._cpus = host.thread_cpus()  # taken back as the thread begins (``_host.py``)
@@ -191,7 +168,7 @@ class Pump:
             item = ready.popleft()
         else:
             try:
-                item = self._get_threaded() if threaded else self._get_inline()
+                item = self._get_threaded() if threaded else drive_inline(self)
             except BaseException:
                 self._taken_at = _clock()
                 raise
@@ -271,48 +248,6 @@ class Pump:
                 if ready:
                     return ready.popleft()
 
-    def _get_inline(self) -> Delivery:
-        """Drive the engine on this thread until the next item is ready: send what the grants
-        allow, then one poll (at once when results are waiting) and take what it found."""
-        deadline = Deadline(self._timeout_s)
-        ready_items = self._ready
-        while True:
-            if ready_items:
-                return ready_items.popleft()
-            with self.lock:
-                if self._stop:
-                    raise RuntimeError("the DataLoader's engine was closed")
-                if not self._halted and (self._granted > self._used or self._spent):
-                    self._guarded(self._dispatch)  # grant() dispatched the rest already
-                halted = self._halted
-                if not halted:
-                    generation, fds = self._engine.watch()
-            if ready_items:
-                return ready_items.popleft()
-            if halted:  # the epoch's DONE or ERROR was taken already
-                return _DONE
-            wait_ms = max(1, int(deadline.block_s() * 1000))
-            poller = self._inline_poller(generation, fds)
-            ready = []
-            if self._helps:
-                # Nothing has arrived yet: rather than block, build a batch no worker has
-                # started (the next one, or one after it while a worker builds the next).
-                with contextlib.suppress(InterruptedError):
-                    ready = poller.poll(0)
-                if not ready and self._help():
-                    continue
-            if not ready:
-                blocked_at = time.perf_counter()
-                try:
-                    ready = poller.poll(wait_ms)
-                except InterruptedError:
-                    ready = []
-                self.waited_s += time.perf_counter() - blocked_at
-            if ready:
-                with self.lock:
-                    if not self._halted:
-                        self._guarded(self._collect, ready, generation)
-
     def _help(self) -> bool:
         """Build, on the consumer's thread, a batch no worker has started
         (:meth:`Engine.help`), and queue what may now be delivered; ``True`` when a task was
@@ -330,15 +265,6 @@ class Pump:
             else:
                 self._helps = self._engine.helps  # it may have found it never can
             return helped
-
-    def _inline_poller(self, generation: int, fds: list[int]) -> select.poll:
-        cached = self._inline_poll
-        if cached is None or cached[0] != generation or cached[1] != fds:
-            poller = select.poll()
-            for fd in fds:
-                poller.register(fd, select.POLLIN)
-            cached = self._inline_poll = (generation, fds, poller)
-        return cached[2]
 
     def new_epoch(self, source: IndexSource) -> None:
         """Start over on the same workers with a new index source; batches of the old epoch not
@@ -368,68 +294,10 @@ class Pump:
             self._thread.join(join_s)
         with self._cond:
             self._ready.clear()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
+        self._waker.close()
 
     def _wake(self) -> None:
-        # Without releasing the GIL: os.write would hand it to the thread it wakes, and the
-        # consumer would wait for the thread's work before its next() returns. This way the
-        # thread runs when the consumer next blocks (its step) or after the switch interval.
-        if _write_holding_gil(self._wake_w, b"\0", 1) < 0:
-            with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed: stopping
-                os.write(self._wake_w, b"\0")
-
-    # -- the thread ---------------------------------------------------------------------------
-    def _run(self) -> None:
-        thread_begins(self._cpus)
-        while True:
-            with self._park:
-                while not self._threaded and not self._stop:
-                    self._park.wait()
-            if self._stop or not self._drive():
-                return
-
-    def _drive(self) -> bool:
-        """The thread's loop while it drives; ``False`` once stopped, ``True`` when parked."""
-        poller: select.poll | None = None
-        watched: list[int] = []
-        generation = -1
-        ready: list[tuple[int, int]] | None = None  # what the last poll found; None: poll again
-        while True:
-            with self.lock:
-                if self._stop:
-                    return False
-                if not self._threaded:
-                    return True  # the consumer drives now; what was polled is its to read
-                if not self._halted:
-                    self._guarded(self._step, ready, generation)
-                if self._halted:
-                    fds: list[int] = []
-                else:
-                    generation, fds = self._engine.watch()
-                more = self._granted > self._used and not self._spent and not self._halted
-            ready = None
-            if fds != watched or poller is None:
-                poller, watched = select.poll(), fds
-                for fd in (*fds, self._wake_r):
-                    poller.register(fd, select.POLLIN)
-            if more:
-                continue  # a grant arrived while working: use it before blocking
-            self._sleeping = True
-            events: list[tuple[int, int]] = []
-            if self._granted <= self._used or self._spent or self._halted:
-                with contextlib.suppress(InterruptedError):
-                    events = poller.poll(_IDLE_POLL_MS)
-            self._sleeping = False
-            ready = [event for event in events if event[0] != self._wake_r]
-            if len(ready) < len(events):
-                with contextlib.suppress(OSError):
-                    while os.read(self._wake_r, 4096):
-                        pass
-            if not events:
-                ready = None  # timed out, or a grant slipped in: poll the workers afresh
+        self._waker.wake()
 
     # -- the work, under lock, by either driver -----------------------------------------------
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:

@@ -18,14 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from fastload._engine._arena import align
+from fastload._engine._arena import Pinner, SlotArena, align, available_memory_bytes
 from fastload._protocols import Layout
 from fastload._types import Field, Ragged
+from fastload.errors import SharedMemoryError
 
 HEADROOM = 1.25  # regular slots hold this much more than the batch that sized them
 WINDOW = 32  # batches looked back on when deciding to remake the slots
 OUTLIERS = 2  # temporary slots within a window that make the regular ones grow
 _LENGTH_STEP = 1.125  # lengths are rounded up to a power of this: at most 12.5 % too large
+_MIN_SHARED_BYTES = 256 << 20  # the default bound of all slots never goes below this
 
 
 def plan_layout(layout: Layout) -> tuple[list[tuple[str, int, tuple[int, ...], np.dtype]], int]:
@@ -138,4 +140,41 @@ class SlotSizing:
         return None
 
 
-__all__ = ["BatchBytes", "SlotSizing", "batch_bytes", "plan_layout", "slot_bytes_bound", "synthetic_batch"]
+def slot_arena(
+    collate: Any,
+    reader: Any,
+    index_sampler: Any,
+    *,
+    slots: int,
+    max_bytes: int | None,
+    pin: Pinner | None,
+) -> tuple[SlotArena, BatchBytes | None]:
+    """The slots for ``reader``'s batches padded by ``collate``: sized for the largest batch
+    ``index_sampler`` can make where it says so and that fits in ``max_bytes`` (default a
+    quarter of the available memory), else sized from the batches that come (then with the
+    :class:`BatchBytes` that measures them)."""
+    lengths = np.asarray(reader.lengths)
+    if max_bytes is None:
+        max_bytes = max(_MIN_SHARED_BYTES, (available_memory_bytes() or 4 << 30) // 4)
+    rows, max_tokens = _plan_rows_and_tokens(index_sampler)
+    if rows is not None or max_tokens is not None:
+        bound = slot_bytes_bound(collate, reader.fields, lengths, rows=rows, max_tokens=max_tokens)
+        try:
+            return SlotArena(slot_bytes=bound, slots=slots, max_bytes=max_bytes, pin=pin), None
+        except SharedMemoryError:
+            pass  # the largest possible batch does not fit: size from the batches that come
+    arena = SlotArena(slot_bytes=0, slots=slots, max_bytes=max_bytes, pin=pin)
+    return arena, BatchBytes(collate, reader.fields, lengths)
+
+
+def _plan_rows_and_tokens(sampler: Any) -> tuple[int | None, int | None]:
+    """The most rows and the token budget of the batches ``sampler`` says it makes (``None``
+    where it does not say)."""
+    rows = getattr(sampler, "batch_size", None)
+    max_tokens = getattr(sampler, "max_tokens", None)
+    if rows is None and max_tokens is None and isinstance(sampler, (list, tuple)):
+        rows = max((len(b) for b in sampler), default=1)
+    return (rows if isinstance(rows, int) else None), (max_tokens if isinstance(max_tokens, int) else None)
+
+
+__all__ = ["BatchBytes", "SlotSizing", "batch_bytes", "plan_layout", "slot_arena", "slot_bytes_bound", "synthetic_batch"]

@@ -61,9 +61,10 @@ def _seed(spec: WorkerSpec) -> int:
     random.seed(seed)
     if torch.version.cuda is not None:
         torch.manual_seed(seed)  # also queues the CUDA generators' seeding, should CUDA start
-    else:  # a CPU build: the same, less a queued CUDA seeding that can never run (whose stack
-        torch.default_generator.manual_seed(seed)  # capture took 6 ms of a worker's start)
-    np.random.seed(torch_worker._generate_state(spec.base_seed, spec.worker_id))
+    else:  # a CPU build: the same, less a queued CUDA seeding that can never run (its stack
+        torch.default_generator.manual_seed(seed)  # capture slowed every worker's start)
+    generate: Callable[[int, int], list[int]] = torch_worker._generate_state  # torch's, untyped
+    np.random.seed(generate(spec.base_seed, spec.worker_id))
     return seed
 
 

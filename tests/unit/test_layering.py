@@ -74,3 +74,105 @@ def test_only_the_device_package_touches_cuda(name: str, tree: ast.Module) -> No
         if isinstance(node, ast.Attribute) and node.attr == "cuda" and isinstance(node.value, ast.Name) and node.value.id == "torch"
     ]
     assert uses == [], f"{name} uses torch.cuda on lines {uses}"
+
+
+# -- packages talk through what they make public ----------------------------------------------
+# A package is a folder of fastload (``_engine``, ``_formats``, ...); the facade's modules (the
+# loader, its iterators and its options) are one package, as are ``fastload.cli`` and the
+# package's ``__init__``. A name that starts with one underscore is private to the package that
+# defines it: another package may not import it, reach it as an attribute, or ``getattr`` it.
+_FACADE = {"_loader", "_iterator", "_options"}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "fastload"
+    head = parts[1]
+    return "facade" if head in _FACADE else head
+
+
+# Python's own protocols that happen to start with one underscore (named tuples).
+_PROTOCOL_NAMES = {"_fields", "_asdict", "_replace", "_make", "_field_defaults"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__") and name not in _PROTOCOL_NAMES
+
+
+def _assigned(target: ast.expr) -> list[ast.expr]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [t for element in target.elts for t in _assigned(element)]
+    return [target]
+
+
+def _defined_private_names(tree: ast.Module) -> set[str]:
+    """Private names a module defines: functions, classes, methods, module and class
+    attributes, and attributes it sets on ``self``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in (t for tt in targets for t in _assigned(tt)):
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                    names.add(target.attr)
+    return {n for n in names if _private(n)}
+
+
+_PRIVATE_BY_PACKAGE: dict[str, set[str]] = {}
+for _name, _tree in MODULES:
+    _PRIVATE_BY_PACKAGE.setdefault(_package(_name), set()).update(_defined_private_names(_tree))
+
+
+def _private_reach_ins(name: str, tree: ast.Module) -> list[str]:
+    own = _package(name)
+    mine = _PRIVATE_BY_PACKAGE.get(own, set())
+    others = set().union(*(v for k, v in _PRIVATE_BY_PACKAGE.items() if k != own)) - mine
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fastload"):
+            source = _package(node.module)
+            for alias in node.names:
+                if source != own and _private(alias.name) and not _is_module(node.module, alias.name):
+                    found.append(f"line {node.lineno}: imports {alias.name} from {node.module}")
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in others
+            and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+        ):
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in others
+        ):
+            found.append(f"line {node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def _is_module(package: str, name: str) -> bool:
+    base = PACKAGE.parent.joinpath(*package.split("."))
+    return (base / f"{name}.py").exists() or (base / name / "__init__.py").exists()
+
+
+@pytest.mark.parametrize(("name", "tree"), MODULES, ids=[m for m, _ in MODULES])
+def test_no_package_reaches_into_another_ones_private_names(name: str, tree: ast.Module) -> None:
+    assert _private_reach_ins(name, tree) == [], f"{name} reaches into other packages' private names"
+
+
+def test_the_reach_in_check_catches_a_private_attribute_of_another_package() -> None:
+    source = "def f(ds):\n    return ds._mapped_ragged()\n"  # how the engine once read the readers
+    _PRIVATE_BY_PACKAGE.setdefault("_formats", set()).add("_mapped_ragged")
+    try:
+        assert _private_reach_ins("fastload._engine._fake", ast.parse(source)) == ["line 2: ._mapped_ragged"]
+        imported = "from fastload._collate._pad import _Prepared\n"
+        assert _private_reach_ins("fastload._engine._fake", ast.parse(imported)) != []
+    finally:
+        _PRIVATE_BY_PACKAGE["_formats"].discard("_mapped_ragged")

@@ -1,0 +1,66 @@
+"""What the engine does with a task and a worker's payload: the protocol, and the generic
+path's codec (the fast path's is ``_slots.SlotCodec``)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fastload._engine._messages import Reply, TaskMessage
+from fastload._engine._transport import loads
+from fastload._types import Counts
+
+
+class Codec(Protocol):
+    """What the engine does with a task and a worker's payload; the fast path supplies one that
+    reserves slots and turns slot descriptors into tensors (``_slots.py``)."""
+
+    def deliver(self, index: Any, payload: Any) -> tuple[Any, Counts | None]:
+        """The batch handed to the consumer for a task's payload, and its counts when the
+        payload says them (else ``None``): one call, once per batch."""
+
+    def retry(self, index: Any, payload: Any) -> Any:
+        """A new index to build the task again with (an oversize batch gets a bigger slot), or
+        ``None`` to deliver ``payload``."""
+
+    def drop(self, index: Any) -> None:
+        """The task will never be delivered (failed, stale or closed): free what it holds. Only
+        called once no worker can still write for it."""
+
+    def task_message(self, epoch: int, seq: int, index: Any) -> Any:
+        """What is sent to the worker for a task: a picklable message, or bytes."""
+
+    def result_message(self, data: bytes) -> Reply:
+        """A worker's reply from its bytes (the inverse of what the worker's builder wrote)."""
+
+    #: Whether :meth:`take_over` can ever take a task.
+    takes_over: bool
+
+    def take_over(self, index: Any) -> Any:
+        """Build the task in the main process if its worker has not started it (its worker then
+        drops it): ``None`` when not taken, else the payload a worker would have sent, or
+        ``RESEND`` (taken, but a worker must build it)."""
+
+
+class GenericCodec:
+    """The generic path: the payload is the batch itself."""
+
+    takes_over = False
+
+    def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
+        return payload, None
+
+    def retry(self, index: Any, payload: Any) -> Any:
+        return None
+
+    def drop(self, index: Any) -> None:
+        return None
+
+    def task_message(self, epoch: int, seq: int, index: Any) -> Any:
+        return TaskMessage(epoch, seq, index)
+
+    def result_message(self, data: bytes) -> Reply:
+        reply: Reply = loads(data)
+        return reply
+
+    def take_over(self, index: Any) -> Any:
+        return None
