@@ -1,7 +1,11 @@
 """Suite-wide settings: warnings are errors (pyproject), every test has a timeout and a hang
 dumps all stacks (pytest-timeout + faulthandler), tests that need CUDA are skipped where there
 is none, and fastload's local cache (decoded Parquet copies) is a temporary directory, never the
-user's."""
+user's.
+
+The suite runs with host tuning as the environment says (``FASTLOAD_HOST_TUNING``; CI runs the
+integration tests both ways); a test marked ``host_tuned`` checks one of its mechanisms and
+runs with it on whatever the environment says."""
 
 from __future__ import annotations
 
@@ -18,6 +22,12 @@ def _local_cache_in_a_temporary_directory(
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FASTLOAD_CACHE", str(tmp_path_factory.mktemp("fastload-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _host_tuning_for_tests_of_its_mechanisms(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("host_tuned") is not None:
+        monkeypatch.setenv("FASTLOAD_HOST_TUNING", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -30,7 +30,10 @@ import fastload
 from fastload._engine import _claims as claims
 from fastload.errors import LoaderTimeoutError
 
-pytestmark = pytest.mark.skipif(not claims.available(), reason="the _atomic extension was not built")
+pytestmark = [
+    pytest.mark.skipif(not claims.available(), reason="the _atomic extension was not built"),
+    pytest.mark.host_tuned,  # the mechanism under test (tests/conftest.py)
+]
 
 N = 400
 

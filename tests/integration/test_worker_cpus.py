@@ -20,9 +20,12 @@ from _user_readers import UserReader
 import fastload
 from fastload._engine._cores import WARMUP, WINDOW
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs"
+    ),
+    pytest.mark.host_tuned,  # the mechanism under test (tests/conftest.py)
+]
 N = 400
 
 

@@ -51,6 +51,7 @@ def test_every_worker_is_joined_after_an_epoch() -> None:
     assert not {c.pid for c in multiprocessing.active_children()} & set(pids)
 
 
+@pytest.mark.host_tuned  # the leaving worker's nice 19
 def test_an_epoch_ends_without_waiting_for_a_worker_that_is_slow_to_exit() -> None:
     loader = fastload.DataLoader(Slow(16), batch_size=4, num_workers=1, worker_init_fn=_linger_at_exit(4.0))
     it = iter(loader)
