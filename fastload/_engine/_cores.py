@@ -35,10 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import threading
 
 WARMUP = 128  # batches delivered before the first window opens
 WINDOW = 64  # batches per window
@@ -151,46 +147,4 @@ class ConsumerCore:
                     os.sched_setaffinity(pid, cpus)
 
 
-def start_here(thread: threading.Thread) -> None:
-    """Start ``thread`` on the CPU the caller runs on; it gets the caller's CPUs back as it
-    begins (:func:`restore_cpus`, which its target calls first).
-
-    ``Thread.start`` waits for the new thread to run. Placed by the scheduler, a thread started
-    beside busy workers waited for one of their CPUs: 0.3-2.2 ms here (median 0.9), while the
-    caller's own CPU sat idle in that wait. Held to the caller's CPU, it runs at once."""
-    cpu = _current_cpu()
-    allowed = allowed_cpus()
-    if cpu is None or allowed is None or cpu not in allowed or len(allowed) < 2:
-        thread.start()
-        return
-    try:
-        os.sched_setaffinity(0, {cpu})  # this thread only; the new one inherits it
-    except OSError:
-        thread.start()
-        return
-    try:
-        thread.start()
-    finally:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, allowed)
-
-
-def restore_cpus(allowed: frozenset[int] | None) -> None:
-    """In a thread started by :func:`start_here`: run on ``allowed`` (what :func:`allowed_cpus`
-    said before the start) again; ``None``: leave it as it is."""
-    if allowed is not None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, allowed)
-
-
-def allowed_cpus() -> frozenset[int] | None:
-    """The CPUs the calling thread may run on (Linux), or ``None``."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    try:
-        return frozenset(os.sched_getaffinity(0))
-    except OSError:
-        return None
-
-
-__all__ = ["CONFINE", "GAIN", "RELEASE", "RETRY", "STARVED", "WARMUP", "WINDOW", "ConsumerCore", "allowed_cpus", "restore_cpus", "start_here"]
+__all__ = ["CONFINE", "GAIN", "RELEASE", "RETRY", "STARVED", "WARMUP", "WINDOW", "ConsumerCore"]

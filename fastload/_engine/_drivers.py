@@ -10,7 +10,6 @@ import time
 from typing import TYPE_CHECKING
 
 from fastload._engine._deadline import MAX_BLOCK_S, Deadline
-from fastload._engine._host import thread_begins
 from fastload._engine._messages import DONE, Delivery
 
 if TYPE_CHECKING:
@@ -76,7 +75,6 @@ def _inline_poller(pump: Pump, generation: int, fds: list[int]) -> select.poll:
 def run_thread(pump: Pump) -> None:
     """The engine thread (``fastload-pump``): parked while the consumer drives, else
     :func:`_drive`."""
-    thread_begins(pump._cpus)
     while True:
         with pump._park:
             while not pump._threaded and not pump._stop:

@@ -4,12 +4,8 @@ On the fast path the loader's own CPU time is the bottleneck on small machines, 
 mechanisms arrange where and when its processes and threads run. Each is kept only because a
 paired measurement showed it paying (the figures are in ``benchmarks/README.md``):
 
-* **Workers under ``SCHED_BATCH``** (Linux): a worker woken by a new task waits for a free CPU
-  instead of preempting the consumer that woke it.
 * **Workers off the consumer's CPU**, with a trial that gives them every CPU back when the
   consumer starves (``_cores.ConsumerCore``; fast path only).
-* **The engine thread starts on the consumer's CPU** (``_cores.start_here``), so that starting
-  it does not wait for a busy worker's CPU.
 * **Leaving workers at nice 19 on any CPU**: their exit (the kernel taking apart the address
   space fork copied) does not compete with the consumer.
 * **The main process builds a batch no worker has started** while ``next()`` would wait
@@ -25,11 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from dataclasses import dataclass
 
 from fastload._engine import _claims as claims
-from fastload._engine._cores import ConsumerCore, allowed_cpus, restore_cpus, start_here
+from fastload._engine._cores import ConsumerCore
 
 ENV = "FASTLOAD_HOST_TUNING"
 _OFF = frozenset({"0", "false", "off", "no"})
@@ -45,13 +40,7 @@ class WorkerHost:
 
     def enter(self) -> None:
         """In a new worker, before ``worker_init_fn`` (which may choose otherwise)."""
-        if not self.tuned:
-            return
-        policy = getattr(os, "SCHED_BATCH", None)
-        if policy is not None:
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(0, policy, os.sched_param(0))
-        if self.cpus is not None:
+        if self.tuned and self.cpus is not None:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.cpus)
 
@@ -91,22 +80,5 @@ class HostPolicy:
         """What the next worker started applies to itself, with ``core``'s placement now."""
         return WorkerHost(self.tuned, None if core is None else core.worker_cpus)
 
-    def thread_cpus(self) -> frozenset[int] | None:
-        """What a thread started by :meth:`start_thread` takes back as it begins (pass it to
-        :func:`thread_begins`): the CPUs the caller may use now, or ``None`` (untouched)."""
-        return allowed_cpus() if self.tuned else None
 
-    def start_thread(self, thread: threading.Thread) -> None:
-        """Start ``thread`` (on the caller's CPU when tuned: ``_cores.start_here``)."""
-        if self.tuned:
-            start_here(thread)
-        else:
-            thread.start()
-
-
-def thread_begins(cpus: frozenset[int] | None) -> None:
-    """First thing in a thread started by :meth:`HostPolicy.start_thread`."""
-    restore_cpus(cpus)
-
-
-__all__ = ["ENV", "HostPolicy", "WorkerHost", "thread_begins"]
+__all__ = ["ENV", "HostPolicy", "WorkerHost"]

@@ -51,7 +51,6 @@ from typing import Any, Protocol
 from fastload._engine._deadline import Deadline
 from fastload._engine._drivers import drive_inline, run_thread
 from fastload._engine._engine import Engine
-from fastload._engine._host import HostPolicy
 from fastload._engine._messages import DONE, ERROR, FAILED, OK, Delivery
 from fastload._engine._wake import Waker
 from fastload._types import Counts
@@ -85,7 +84,6 @@ class Pump:
         source: IndexSource,
         counts: Callable[[Any], Counts],
         timeout_s: float,
-        host: HostPolicy,
     ) -> None:
         self.lock = threading.Lock()
         self._engine = engine
@@ -118,8 +116,6 @@ class Pump:
         self._waiting = False  # the consumer is blocked on _cond (threaded)
         self._thread = threading.Thread(target=run_thread, args=(self,), name="fastload-pump", daemon=True)
         self._started = False
-        self._host = host
-        self._cpus = host.thread_cpus()  # taken back as the thread begins (``_host.py``)
         self._follow_pace()  # inline, unless the thresholds say otherwise (tests set them)
 
     # -- the consumer's side ------------------------------------------------------------------
@@ -199,7 +195,7 @@ class Pump:
         with self._park:
             self._threaded = True
         self._started = True
-        self._host.start_thread(self._thread)
+        self._thread.start()
 
     @property
     def threaded(self) -> bool:
@@ -217,7 +213,7 @@ class Pump:
                 self._park.notify()
             if not self._started and not self._stop:
                 self._started = True
-                self._host.start_thread(self._thread)
+                self._thread.start()
             return True
         return False
 

@@ -69,7 +69,7 @@ class SlotRunner:
         # the first batch is built while they start.
         self._engine = start_engine(options, specs, self._codec, 1)
         self._pump = Pump(
-            self._engine, IndexSource(sampler_iter, self._codec), batch_counts, options.timeout_s, host
+            self._engine, IndexSource(sampler_iter, self._codec), batch_counts, options.timeout_s
         )
         self._arena.on_release = self._pump.nudge
         self._lock = threading.Lock()  # close() may come from a finalizer on another thread

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -163,37 +162,3 @@ def test_release_and_confine_move_only_the_workers_placed_by_the_core(sleepers: 
     assert os.sched_getaffinity(confined.pid) == core.worker_cpus
     assert os.sched_getaffinity(chose_its_own.pid) == own
     assert core.confining
-
-
-@two_cpus
-def test_a_thread_started_here_begins_on_the_callers_cpu_and_then_gets_every_cpu_back() -> None:
-    allowed = _cores.allowed_cpus()
-    seen: dict[str, frozenset[int]] = {}
-
-    def target() -> None:
-        seen["at start"] = frozenset(os.sched_getaffinity(0))
-        _cores.restore_cpus(allowed)
-        seen["after restore"] = frozenset(os.sched_getaffinity(0))
-
-    thread = threading.Thread(target=target)
-    _cores.start_here(thread)
-    assert frozenset(os.sched_getaffinity(0)) == allowed  # the caller's own CPUs are back at once
-    thread.join(5)
-    assert len(seen["at start"]) == 1 and seen["at start"] <= allowed
-    assert seen["after restore"] == allowed
-
-
-def test_a_thread_started_here_by_a_caller_held_to_one_cpu_keeps_it() -> None:
-    """Nothing to narrow: the thread starts, as any thread, with the caller's single CPU."""
-    before = frozenset(os.sched_getaffinity(0))
-    one = {min(before)}
-    os.sched_setaffinity(0, one)
-    try:
-        seen: list[frozenset[int]] = []
-        thread = threading.Thread(target=lambda: seen.append(frozenset(os.sched_getaffinity(0))))
-        _cores.start_here(thread)
-        thread.join(5)
-        assert seen == [frozenset(one)]
-        assert frozenset(os.sched_getaffinity(0)) == frozenset(one)
-    finally:
-        os.sched_setaffinity(0, before)
