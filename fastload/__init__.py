@@ -16,20 +16,24 @@ from fastload._metrics import (
     estimate_memory,
     find_batch_size,
 )
+from fastload._protocols import BatchReader, SlotCollate
 from fastload._sampling import (
     BatchSizeWarmup,
     LengthGroupedBatchSampler,
     MixtureBatchSampler,
     WeightedLengthGroupedSampler,
 )
+from fastload._types import Field, Ragged
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ArrowDataset",
+    "BatchReader",
     "BatchSizeReport",
     "BatchSizeWarmup",
     "DataLoader",
+    "Field",
     "HDF5Dataset",
     "LengthGroupedBatchSampler",
     "LoaderStats",
@@ -37,6 +41,8 @@ __all__ = [
     "MicroBatch",
     "MixtureBatchSampler",
     "PadCollate",
+    "Ragged",
+    "SlotCollate",
     "WeightedLengthGroupedSampler",
     "__version__",
     "errors",

@@ -25,6 +25,9 @@ Reader capabilities
 Collate capabilities
 
 * ``process_independent: bool`` — the output is a function of the columnar batch alone.
+* ``takes_spans: bool`` — a ragged column may come as :class:`~fastload._types.Spans` (left in
+  a reader's memory map, from ``read_batch_in_place``) instead of
+  :class:`~fastload._types.Ragged`; without it the engine reads with ``read_batch``.
 * ``prepare(batch)`` — plans the batch once for both halves of the zero-copy path
   (:class:`PreparedBatch`: its ``layout``, ``fill(out)`` and ``counts``); without it the engine
   calls ``layout`` and ``collate_into``, and counts only the rows.

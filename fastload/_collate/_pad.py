@@ -162,6 +162,9 @@ class PadCollate:
     #: subclass may compute otherwise: it says so itself (see ``__init_subclass__``).
     process_independent = True
 
+    #: Ragged columns may come as ``Spans`` left in a reader's map (``fastload._protocols``).
+    takes_spans = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "process_independent" not in vars(cls):

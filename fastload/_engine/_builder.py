@@ -28,10 +28,11 @@ from fastload._protocols import Built, OneCallBuilder, TooLarge
 from fastload._types import Counts, Spans
 
 
-def batch_reader(dataset: Any) -> Any:
-    """How the builder reads a batch: in place where the dataset can (``reads_in_place``: a
-    memory-mapped ragged field is then gathered straight from the map), else ``read_batch``."""
-    if getattr(dataset, "reads_in_place", False):
+def batch_reader(dataset: Any, collate: Any) -> Any:
+    """How the builder reads a batch: in place where the dataset can and the collate takes
+    what that gives (``reads_in_place`` and ``takes_spans``: a memory-mapped ragged field is
+    then gathered straight from the map), else ``read_batch``."""
+    if getattr(dataset, "reads_in_place", False) and getattr(collate, "takes_spans", False):
         return dataset.read_batch_in_place
     return dataset.read_batch
 
@@ -110,7 +111,7 @@ class SlotBuilder:
     def _build_general(self, task: SlotTask) -> SlotBatch | TooLarge:
         started = time.perf_counter()
         if self._read is None:
-            self._read = batch_reader(self.dataset)
+            self._read = batch_reader(self.dataset, self.collate)
         columnar = self._read(task.indices)
         self.last_read_s = time.perf_counter() - started
         # A collate that plans a batch once for both halves is asked once; any other twice.

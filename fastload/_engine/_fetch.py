@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset
 
 
@@ -70,14 +71,27 @@ def make_fetcher(
 
 
 class ColumnarFetcher:
-    """The fast path in the calling process: one ``read_batch`` and the collate per batch."""
+    """The fast path in the calling process: one ``read_batch``, then the slot collate writes
+    the batch into new arrays as a worker writes it into a slot (``fastload._protocols``): the
+    same arrays, in the same order, then the object fields."""
 
     def __init__(self, dataset: Any, collate: Any) -> None:
         self.dataset = dataset
         self.collate = collate
 
-    def fetch(self, index: Any) -> Any:
-        return self.collate(self.dataset.read_batch(np.asarray(index, dtype=np.int64)))
+    def fetch(self, index: Any) -> dict[str, Any]:
+        columnar = self.dataset.read_batch(np.asarray(index, dtype=np.int64))
+        prepare = getattr(self.collate, "prepare", None)
+        prepared = prepare(columnar) if prepare is not None else None
+        layout = prepared.layout if prepared is not None else self.collate.layout(columnar)
+        arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in layout.items()}
+        if prepared is not None:
+            prepared.fill(arrays)
+        else:
+            self.collate.collate_into(columnar, arrays)
+        batch: dict[str, Any] = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        batch.update({k: v for k, v in columnar.items() if isinstance(v, list)})
+        return batch
 
 
 def in_process_fetcher(
