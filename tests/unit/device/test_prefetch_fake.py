@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 import torch
+import torch.utils.data
 
+import fastload
 from fastload._device._cuda import CudaOps
 from fastload._device._ops import DeviceOps, map_tensors
 from fastload._device._prefetch import DevicePrefetcher, PrefetchIterator
@@ -403,3 +405,61 @@ def test_without_a_cuda_device_batches_and_errors_pass_through_unchanged(device:
     assert drain(it) == [1, "batch 2 failed", 3]
     assert DevicePrefetcher(source, device=device).gpu_idle_s == 0.0
 
+
+# -- through the loader ---------------------------------------------------------------------------
+class Numbers(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Sample ``i`` is ``{"x": [i, i], "y": i}``; sample ``bad`` raises ValueError."""
+
+    def __init__(self, n: int, bad: int | None) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i == self.bad:
+            raise ValueError(f"sample {i} is corrupt")
+        return {"x": torch.tensor([i, i]), "y": torch.tensor(i)}
+
+
+class FakeCuda:
+    """``device="cuda"`` accepted on a machine without CUDA, with a :class:`FakeOps` (whose
+    events complete as they are recorded) in place of ``torch.cuda``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fail_copy: frozenset[int] = frozenset()
+        self.made: list[FakeOps] = []
+        for where in ("fastload._options.cuda_device", "fastload._device._prefetch.cuda_device"):
+            monkeypatch.setattr(where, self._cuda_device)
+        monkeypatch.setattr("fastload._device._prefetch.CudaOps", self._ops)
+
+    @staticmethod
+    def _cuda_device(device: Any) -> torch.device | None:
+        return torch.device("cuda") if device is not None and torch.device(device).type == "cuda" else None
+
+    def _ops(self, device: torch.device) -> FakeOps:
+        self.made.append(FakeOps([], self.fail_copy, complete_on_record=True))
+        return self.made[-1]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("bad", "fail_copy"), [(5, None), (0, None), (17, None), (None, 4)])
+def test_through_the_loader_a_failed_batch_raises_in_its_turn_and_is_not_counted(
+    monkeypatch: pytest.MonkeyPatch, workers: int, bad: int | None, fail_copy: int | None
+) -> None:
+    # 18 samples in batches of 4: the last batch holds 2, so rows counted against the wrong
+    # batch would change the total.
+    fake = FakeCuda(monkeypatch)
+    fake.fail_copy = frozenset() if fail_copy is None else frozenset({fail_copy})
+    loader = fastload.DataLoader(Numbers(18, bad), batch_size=4, num_workers=workers, device="cuda")
+    it = iter(loader)
+    got = drain(it)
+    failed = (bad if bad is not None else fail_copy or 0) // 4
+    assert got[:failed] + got[failed + 1 :] == [4 * i for i in range(5) if i != failed]
+    error = f"sample {bad} is corrupt" if bad is not None else f"copy of batch {fail_copy} failed"
+    assert error in got[failed]
+    rows = [4, 4, 4, 4, 2]
+    stats = it.stats()
+    assert (stats.batches, stats.samples) == (4, 18 - rows[failed])
+    assert stats.gpu_idle_s == 0.0 and len(fake.made) == 1
+    assert fake.made[0].log[-2:] == ["synchronize side", "synchronize consumer"]
