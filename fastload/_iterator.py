@@ -18,7 +18,6 @@ import os
 import time
 import warnings
 import weakref
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,7 +97,6 @@ class _BaseIterator:
         self._device = self._options.device
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
         self._prefetcher: DevicePrefetcher | None = None
-        self._device_counts: deque[Counts] = deque()  # counts of host batches the copy holds
         self._fast_collate = fast_path_collate(
             loader.dataset, loader.collate_fn, loader._auto_collation, loader.num_workers
         )
@@ -157,8 +155,7 @@ class _BaseIterator:
             assert self._device is not None
             self._prefetcher = DevicePrefetcher(_HostBatches(self), self._device)
             self._on_device = iter(self._prefetcher)
-        data = next(self._on_device)
-        return data, self._device_counts.popleft()
+        return next(self._on_device)  # a (batch, counts) pair: see _HostBatches
 
     def _warn_if_past_len(self) -> None:
         if self._IterableDataset_len_called is not None and self._num_yielded > self._IterableDataset_len_called:
@@ -218,7 +215,6 @@ class _BaseIterator:
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
         self._on_device = None
-        self._device_counts.clear()
         self._epoch_ended = False
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
@@ -374,9 +370,11 @@ def _memory_ok() -> bool:
 
 
 class _HostBatches:
-    """The iterator's host-side batches, as an iterator for the device prefetcher (their
-    counts are kept aside for ``next()``). Not a generator: a batch that fails raises from
-    ``next()`` and the batches after it still come."""
+    """The iterator's host batches, each paired with its counts, as an iterator for the device
+    prefetcher. The pair travels the prefetcher as one item (the counts hold no tensor, so they
+    stay as they are), and a batch that fails, when it is taken or when its copy is started,
+    takes its counts with it. Not a generator: a batch that fails raises from ``next()`` and the
+    batches after it still come."""
 
     def __init__(self, it: _BaseIterator) -> None:
         self._it = it
@@ -384,7 +382,5 @@ class _HostBatches:
     def __iter__(self) -> _HostBatches:
         return self
 
-    def __next__(self) -> Any:
-        data, counts = self._it._next_host()
-        self._it._device_counts.append(counts)
-        return data
+    def __next__(self) -> tuple[Any, Counts]:
+        return self._it._next_host()

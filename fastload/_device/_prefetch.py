@@ -7,164 +7,188 @@ an event recorded after their copy has completed, so their slot cannot be reused
 engine still reads it. The device tensors are marked with ``record_stream`` for the consumer's
 stream, so the caching allocator does not reuse their memory too early. Without CUDA (or for a
 CPU device) it yields the batches unchanged.
+
+Everything of the device goes through one :class:`~fastload._device._ops.DeviceOps` object, so
+:class:`PrefetchIterator` is plain Python: its tests run on the CPU with a fake one.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Generic, NamedTuple
 
 import torch
 
-
-def to_device(data: Any, device: torch.device, stream: Any = None) -> Any:
-    """``data`` with every tensor moved to ``device`` (``non_blocking``), keeping containers."""
-    if isinstance(data, torch.Tensor):
-        out = data.to(device, non_blocking=True)
-        if stream is not None and out.is_cuda:
-            out.record_stream(stream)
-        return out
-    if isinstance(data, Mapping):
-        return type(data)({k: to_device(v, device, stream) for k, v in data.items()})  # type: ignore[call-arg]
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(to_device(v, device, stream) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_device(v, device, stream) for v in data)
-    return data
+from fastload._device._cuda import CudaOps, cuda_device
+from fastload._device._ops import DeviceOps, EventT, StreamT
 
 
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
+class _Staged(NamedTuple):
+    """A batch whose copy has been started: its device tensors and the event after its copy."""
+
+    batch: Any
+    copied: Any
 
 
-def cuda_device(device: str | torch.device | None) -> torch.device | None:
-    """The CUDA device to prefetch to, or ``None`` when batches stay where they are."""
-    if device is None:
-        return None
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return None
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            f"device={str(device)!r} was requested but CUDA is not available on this machine; "
-            "pass device=None (or 'cpu') to keep batches on the host"
-        )
-    return dev
+class _Failed(NamedTuple):
+    """A batch that raised when it was taken or when its copy was started."""
+
+    error: Exception
 
 
-_EXHAUSTED = object()
+class _Exhausted:
+    """The host batches raised ``StopIteration``."""
 
 
-class OneAhead:
-    """An iterator that keeps one item staged ahead of its consumer: ``next()`` stages item N+1
-    (``stage(item)``, e.g. starting its device copy) before handing out item N through
-    ``hand_out(staged)``. ``on_end()`` runs once, when the consumer asks past the last item.
+_EXHAUSTED = _Exhausted()
 
-    Errors keep their place: when taking or staging item N+1 raises, item N is still returned,
-    the error is raised by the following ``next()``, and the iterator goes on after it with the
-    items that follow (as a DataLoader does after a batch whose building failed)."""
 
-    def __init__(
-        self,
-        items: Iterator[Any],
-        stage: Callable[[Any], Any],
-        hand_out: Callable[[Any], Any],
-        on_end: Callable[[], None] | None = None,
-    ) -> None:
-        self._items = items
-        self._stage = stage
-        self._hand_out = hand_out
-        self._on_end = on_end
-        self._ahead: Any = None  # None: nothing staged; _EXHAUSTED; or (ok, staged item | error)
+class PrefetchIterator(Generic[StreamT, EventT]):
+    """One epoch of ``host_batches`` on the device, each batch's copy started one step ahead.
 
-    def __iter__(self) -> OneAhead:
+    Order: ``next()`` starts the copy of batch N+1 on a side stream before it hands out batch N,
+    and hands batch N out after making the consumer's stream (the current stream when the
+    iterator was made) wait for the event recorded after batch N's copy. The caller never waits
+    for a copy.
+
+    Errors keep their place: an ``Exception`` raised while batch N+1 is taken from
+    ``host_batches`` or while its copy is started is raised by the ``next()`` that would have
+    returned batch N+1, after batch N was returned, and the ``next()`` after that goes on with
+    the following batch: the epoch goes on, as on the host path. Other exceptions
+    (``KeyboardInterrupt``) propagate at once, and a batch already staged stays staged.
+
+    Lifetimes: a host batch is referenced until the event recorded after its copy (also a copy
+    that failed partway) has completed, and dropped by the first ``next()`` that finds it so.
+    The end of the epoch (``StopIteration``) and :meth:`close` wait for both streams and drop
+    every host batch.
+
+    ``gpu_idle_s`` accumulates how long the GPU waited for data: for each batch handed out
+    after the first, the time from the consumer's stream finishing the work queued before
+    ``next()`` to the batch's copy finishing (zero when the copy finished first). Events are
+    read only once complete, so measuring never waits."""
+
+    def __init__(self, host_batches: Iterator[Any], ops: DeviceOps[StreamT, EventT]) -> None:
+        self._host = host_batches
+        self._ops = ops
+        self._side = ops.new_stream()
+        self._consumer = ops.current_stream()
+        self._ahead: _Staged | _Failed | _Exhausted | None = None  # None: nothing staged
+        self._in_flight: deque[tuple[EventT, Any]] = deque()  # (copied, host batch) in copy order
+        self._timings: deque[tuple[EventT, EventT]] = deque()  # (step done, copied), unread
+        self._handed_out = False
+        self._closed = False
+        self.gpu_idle_s = 0.0
+
+    def __iter__(self) -> PrefetchIterator[StreamT, EventT]:
         return self
 
-    def _take(self) -> Any:
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        current: _Staged | _Failed | _Exhausted | None = self._ahead
+        if current is None:
+            current = self._take()
+        if isinstance(current, _Exhausted):
+            self.close()
+            raise StopIteration
+        if isinstance(current, _Failed):
+            self._ahead = None  # the next call takes the batch after the failed one
+            error, current = current.error, None
+            try:
+                raise error
+            finally:  # no cycle error -> traceback -> this frame: its host batch is freed at once
+                del error
+        self._ahead = current  # kept staged if taking the next batch raises a BaseException
+        self._ahead = self._take()
+        return self._hand_out(current)
+
+    def close(self) -> None:
+        """End the epoch: wait for both streams, count the last idle times and drop every host
+        batch and the staged one. Idempotent; ``next()`` then raises ``StopIteration``."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ahead = None
+        self._ops.synchronize(self._side)
+        self._ops.synchronize(self._consumer)
+        self._account()
+        self._in_flight.clear()
+
+    def _take(self) -> _Staged | _Failed | _Exhausted:
         try:
-            return True, self._stage(next(self._items))
+            return self._start_copy(next(self._host))
         except StopIteration:
             return _EXHAUSTED
         except Exception as exc:  # raised in its turn by __next__
-            return False, exc
+            return _Failed(exc)
 
-    def __next__(self) -> Any:
-        current = self._take() if self._ahead is None else self._ahead
-        if current is _EXHAUSTED:
-            self._ahead = _EXHAUSTED
-            on_end, self._on_end = self._on_end, None
-            if on_end is not None:
-                on_end()
-            raise StopIteration
-        ok, value = current
-        if not ok:
-            self._ahead = None  # the next call takes the item after the failed one
-            raise value
-        self._ahead = self._take()
-        return self._hand_out(value)
+    def _start_copy(self, host: Any) -> _Staged:
+        ops = self._ops
+        try:
+            batch = ops.to_device(host, self._side, self._consumer)
+        finally:  # a copy that failed partway may have queued reads of the host batch
+            copied = ops.timed_event()
+            ops.record(copied, self._side)
+            self._in_flight.append((copied, host))
+        return _Staged(batch, copied)
+
+    def _hand_out(self, staged: _Staged) -> Any:
+        ops = self._ops
+        if self._handed_out:  # the consumer asked for this batch: its previous step is queued
+            step_done = ops.timed_event()
+            ops.record(step_done, self._consumer)
+            self._timings.append((step_done, staged.copied))
+            self._account()
+        self._handed_out = True
+        ops.wait(self._consumer, staged.copied)
+        while self._in_flight and ops.query(self._in_flight[0][0]):
+            self._in_flight.popleft()  # copy finished: the host batch (and its slot) may be freed
+        return staged.batch
+
+    def _account(self) -> None:
+        ops = self._ops
+        while self._timings and ops.query(self._timings[0][0]) and ops.query(self._timings[0][1]):
+            step_done, copied = self._timings.popleft()
+            self.gpu_idle_s += max(0.0, ops.elapsed_s(step_done, copied))
 
 
 class DevicePrefetcher:
-    """Wraps an iterable of batches (tensors in any nesting of dicts, lists and tuples) and
-    yields them on ``device``, each copied one step ahead on a side stream.
+    """Wraps an iterable of batches (tensors in any nesting of dicts, lists and tuples; what is
+    not a tensor travels unchanged) and yields them on ``device``, each copied one step ahead on
+    a side stream by a :class:`PrefetchIterator` per ``iter()``. For ``device=None`` or a CPU
+    device it yields the batches unchanged. ``ops`` replaces the device's streams and events
+    (a test's fake); by default they are ``torch.cuda``'s for ``device``.
 
-    ``gpu_idle_s`` accumulates, from CUDA events, how long the GPU waited for data: for each
-    batch after the first, the time from the consumer stream finishing everything queued before
-    ``next()`` to the batch's copy finishing (zero when the copy was done first). Events are read
-    only once complete, so measuring never synchronizes."""
+    ``gpu_idle_s`` is the sum over its iterators (see :class:`PrefetchIterator`)."""
 
-    def __init__(self, batches: Iterable[Any], device: str | torch.device | None) -> None:
+    def __init__(
+        self,
+        batches: Iterable[Any],
+        device: str | torch.device | None,
+        *,
+        ops: DeviceOps[Any, Any] | None = None,
+    ) -> None:
         self._batches = batches
-        self._device = cuda_device(device)
-        self.gpu_idle_s = 0.0
-        self._pending: deque[tuple[Any, Any]] = deque()  # (step done, batch ready) events
+        if ops is None:
+            dev = cuda_device(device)
+            ops = None if dev is None else CudaOps(dev)
+        self._ops = ops
+        self._idle_before_s = 0.0  # of the iterators before the current one
+        self._current: PrefetchIterator[Any, Any] | None = None
 
     def __len__(self) -> int:
         return len(self._batches)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        if self._device is None:
+        if self._ops is None:
             return iter(self._batches)
-        return self._prefetch(iter(self._batches), self._device)
+        if self._current is not None:
+            self._idle_before_s += self._current.gpu_idle_s
+        self._current = PrefetchIterator(iter(self._batches), self._ops)
+        return self._current
 
-    def _account(self) -> None:
-        while self._pending and self._pending[0][0].query() and self._pending[0][1].query():
-            step_done, ready = self._pending.popleft()
-            self.gpu_idle_s += max(0.0, step_done.elapsed_time(ready)) / 1e3
-
-    def _prefetch(self, it: Iterator[Any], device: torch.device) -> OneAhead:
-        side = torch.cuda.Stream(device)
-        consumer = torch.cuda.current_stream(device)
-        hosts: deque[tuple[torch.cuda.Event, Any]] = deque()  # host batches whose copy may run
-        first = True
-
-        def start(host: Any) -> tuple[Any, torch.cuda.Event]:
-            with torch.cuda.stream(side):
-                dev = to_device(host, device, consumer)
-                done = torch.cuda.Event(enable_timing=True)
-                done.record(side)
-            hosts.append((done, host))
-            return dev, done
-
-        def hand_out(staged: tuple[Any, torch.cuda.Event]) -> Any:
-            nonlocal first
-            batch, done = staged
-            if not first:  # the consumer asked for this batch: its previous step is queued
-                step_done = torch.cuda.Event(enable_timing=True)
-                step_done.record(consumer)
-                self._pending.append((step_done, done))
-                self._account()
-            first = False
-            consumer.wait_event(done)
-            while hosts and hosts[0][0].query():
-                hosts.popleft()  # copy finished: the host batch (and its slot) may be freed
-            return batch
-
-        def end() -> None:
-            side.synchronize()
-            consumer.synchronize()
-            self._account()
-            hosts.clear()
-
-        return OneAhead(it, start, hand_out, end)
+    @property
+    def gpu_idle_s(self) -> float:
+        current = 0.0 if self._current is None else self._current.gpu_idle_s
+        return self._idle_before_s + current

@@ -400,17 +400,38 @@ def test_gpu_idle_is_measured_with_cuda_events(h5: Path) -> None:
     assert 0.0 <= stats.gpu_idle_s < 0.1 * stats.step_s + 0.05
 
 
-@pytest.mark.gpu
-def test_with_device_cuda_a_failed_batch_raises_in_its_turn_and_the_epoch_goes_on(h5: Path) -> None:
-    # The device prefetcher holds one batch ahead: the error of batch 2 must not cost batch 1,
-    # nor end the epoch (the host path goes on too).
+@pytest.mark.parametrize("device", [None, pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("bad", [5, 21, N - 5])
+def test_with_device_cuda_a_failed_batch_raises_in_its_turn_and_the_epoch_goes_on(
+    h5: Path, device: str | None, workers: int, bad: int
+) -> None:
+    # The device prefetcher holds one batch ahead: the error of a batch must not cost the batch
+    # before it, nor end the epoch (the host path, device=None, goes on too), and every other
+    # batch arrives, on the device, equal to the host path's, its rows counted once.
     loader = fastload.DataLoader(
-        _FailsAt(h5, bad=21), batch_size=10, num_workers=2, collate_fn=_collate(), device="cuda"
+        _FailsAt(h5, bad=bad), batch_size=10, num_workers=workers, collate_fn=_collate(), device=device
     )
+    failed = bad // 10
     it = iter(loader)
-    first = [next(it), next(it)]
-    assert [int(b["lengths"].shape[0]) for b in first] == [10, 10] and first[1]["tokens"].is_cuda
-    with pytest.raises(ValueError, match="sample 21 is corrupt"):
+    got: list[dict[str, Any] | None] = []
+    for _ in range(len(loader)):
+        try:
+            got.append(next(it))
+        except ValueError as exc:
+            assert f"sample {bad} is corrupt" in str(exc)
+            got.append(None)
+    with pytest.raises(StopIteration):
         next(it)
-    rest = list(it)
-    assert len(rest) == len(loader) - 3 and all(b["tokens"].is_cuda for b in rest)
+    assert [i for i, batch in enumerate(got) if batch is None] == [failed]
+    reference = _reference(h5, [list(range(i, min(i + 10, N))) for i in range(0, N, 10)])
+    for i, (batch, ref) in enumerate(zip(got, reference, strict=True)):
+        if batch is None:
+            continue
+        assert batch["tokens"].is_cuda == (device == "cuda"), i
+        if device == "cuda":
+            torch.cuda.current_stream().synchronize()
+        _same({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}, ref)
+    stats = it.stats()
+    assert (stats.batches, stats.samples) == (len(loader) - 1, N - 10)
+    assert (stats.gpu_idle_s is not None) == (device == "cuda")
