@@ -309,7 +309,9 @@ class WorkerIterator(_BaseIterator):
 
     def _not_a_batch(self, runner: Runner, kind: Kind, value: Any) -> tuple[Any, Counts]:
         if kind is DONE:
-            if not self._persistent:
+            # With device copies the epoch's last batch may still be copied out of its slot:
+            # the workers and slots go once the copies are synchronized (_end_epoch).
+            if not self._persistent and self._device is None:
                 self._shutdown()
             raise StopIteration
         if self._tuner is not None:
@@ -340,6 +342,11 @@ class WorkerIterator(_BaseIterator):
     def _engine_fields(self) -> dict[str, Any]:
         return self._runner.fields() if self._runner is not None else dict(self._last_fields)
 
+    def _end_epoch(self) -> None:
+        super()._end_epoch()
+        if self._device is not None and not self._persistent:
+            self._shutdown()  # the prefetcher has synchronized its copies by now
+
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         if self._runner is None:
@@ -358,6 +365,8 @@ class WorkerIterator(_BaseIterator):
         runner, self._runner = self._runner, None
         if runner is None or os.getpid() != self._owner_pid:
             return
+        if self._on_device is not None:
+            self._on_device.close()  # copies still reading a slot finish before the slots go
         runner.close(join_s)
         self._last_fields = runner.fields()
         self._report_final(dict(self._last_fields), self._num_workers)

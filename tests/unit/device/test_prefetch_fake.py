@@ -124,7 +124,8 @@ def _label(data: Any) -> int:
     """The batch's first sample (the loader's items are ``(batch, counts)`` pairs)."""
     while isinstance(data, tuple):
         data = data[0]
-    return int(data["x"].flatten()[0])
+    first = data["x"] if "x" in data else next(iter(data.values()))
+    return int(first.flatten()[0])
 
 
 class Batches:
@@ -463,3 +464,38 @@ def test_through_the_loader_a_failed_batch_raises_in_its_turn_and_is_not_counted
     assert (stats.batches, stats.samples) == (4, 18 - rows[failed])
     assert stats.gpu_idle_s == 0.0 and len(fake.made) == 1
     assert fake.made[0].log[-2:] == ["synchronize side", "synchronize consumer"]
+
+
+def test_the_slots_are_released_only_after_the_last_copy_from_them_has_finished(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # The fast path's slots are page-locked: freeing them (cudaHostUnregister) while the side
+    # stream still copies the epoch's last batch out of one would pull the memory from under
+    # the DMA. The epoch's end synchronizes both streams first, then the workers stop and the
+    # slots go.
+    import sys
+    from pathlib import Path
+
+    from fastload._engine._arena import SlotArena
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "integration"))
+    from _token_files import write_token_file
+
+    fake = FakeCuda(monkeypatch)
+    close = SlotArena.close
+
+    def logged_close(arena: SlotArena) -> None:
+        if fake.made:
+            fake.made[-1].log.append("slots released")
+        close(arena)
+
+    monkeypatch.setattr(SlotArena, "close", logged_close)
+    ds = fastload.HDF5Dataset(write_token_file(tmp_path / "t.h5", 64, 40))
+    loader = fastload.DataLoader(ds, batch_size=8, num_workers=2, device="cuda")
+    assert sum(len(b["lengths"]) for b in loader) == 64  # the epoch's end
+    it = iter(loader)
+    next(it)
+    del it  # leaving an epoch early
+    gc.collect()
+    for log in (fake.made[0].log, fake.made[1].log):
+        assert log.index("synchronize side") < log.index("slots released")
