@@ -123,13 +123,20 @@ def mmap_getitems(path: Path, plan: list[list[int]], workers: int) -> Iterable[A
     return torch.utils.data.DataLoader(MmapGather(path), batch_sampler=plan, num_workers=workers, collate_fn=_first)
 
 
-def fast(path: Path, plan: list[list[int]], workers: int) -> Iterable[Any]:
+def fast(path: Path, plan: list[list[int]], workers: int, host_tuning: bool = True) -> Iterable[Any]:
     return fastload.DataLoader(
         fastload.HDF5Dataset(path, fields=["tokens"]),
         batch_sampler=plan,
         num_workers=workers,
         collate_fn=collate_fn(),
+        host_tuning=host_tuning,
     )
+
+
+def fast_untuned(path: Path, plan: list[list[int]], workers: int) -> Iterable[Any]:
+    """fastload with host tuning off (``_engine/_host.py``): the operating system places every
+    process, and the workers build every batch."""
+    return fast(path, plan, workers, host_tuning=False)
 
 
 def _in_ram(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -179,6 +186,7 @@ LOADERS: dict[str, Callable[[Path, list[list[int]], int], Iterable[Any]]] = {
     "flat": flat,
     "mmap_getitems": mmap_getitems,
     "fastload": fast,
+    "fastload_untuned": fast_untuned,
 }
 
 

@@ -57,7 +57,14 @@ def _report(name: str, payload: dict[str, Any], capsys: pytest.CaptureFixture[st
 
 # Slow baselines get a prefix of the plan, so each run lasts about a second at their speed.
 _PREFIX = {"typical": 8, "flat": 25}
-_CONFIGS = [("typical", 2), ("flat", 2), ("mmap_getitems", 0), ("mmap_getitems", 2), ("fastload", 2)]
+_CONFIGS = [
+    ("typical", 2),
+    ("flat", 2),
+    ("mmap_getitems", 0),
+    ("mmap_getitems", 2),
+    ("fastload_untuned", 2),
+    ("fastload", 2),
+]
 
 
 def test_throughput_against_torch_dataloader(corpus: Any, benchmark: Any, capsys: Any, bench_size: str) -> None:
