@@ -138,20 +138,20 @@ def _values(column: Any) -> np.ndarray:
     return np.asarray(column.values)
 
 
-def _table(title: str, rows: list[tuple[str, float, str]]) -> str:
-    header = (
-        "read of 64 random samples",
-        "median CPU time per batch",
-        "vs fastload reader, same file",
-    )
-    cells = [header, *[(name, f"{seconds * 1e6:,.0f} us", ratio) for name, seconds, ratio in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(3)]
+def _markdown(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    cells = [header, *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = [
         "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
         for row in cells
     ]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join([f"\n{title}", *lines])
+
+
+def _table(title: str, rows: list[tuple[str, float, str]]) -> str:
+    header = ("read of 64 random samples", "median CPU time per batch", "vs fastload reader, same file")
+    return _markdown(title, header, [(name, f"{seconds * 1e6:,.0f} us", ratio) for name, seconds, ratio in rows])
 
 
 def test_read_batch_against_per_sample_reads(
@@ -269,15 +269,7 @@ def _epoch(ds: ArrowDataset, batches: list[list[int]]) -> tuple[float, list[torc
 
 
 def _rate_table(title: str, rows: list[tuple[str, str, str]]) -> str:
-    header = ("case", "samples/s or seconds", "vs one epoch over Arrow IPC")
-    cells = [header, *rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(3)]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-        for row in cells
-    ]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join([f"\n{title}", *lines])
+    return _markdown(title, ("case", "samples/s or seconds", "vs one epoch over Arrow IPC"), rows)
 
 
 def test_shuffled_epoch_parquet_against_ipc(

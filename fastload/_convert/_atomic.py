@@ -21,6 +21,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from fastload._storage import fsync_path
+
 TEMP_MARK = ".fastload-tmp-"
 
 
@@ -58,15 +60,6 @@ def remove_stale_temps(dest: Path) -> list[Path]:
             path.unlink(missing_ok=True)
         removed.append(path)
     return removed
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file's or a folder's data and metadata to stable storage."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TempArea:

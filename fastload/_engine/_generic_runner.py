@@ -7,14 +7,20 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastload._engine._messages import DONE, Delivery
-from fastload._engine._wiring import SpecFactory, engine_fields, start_engine, worker_spec
+from fastload._engine._wiring import (
+    RunnerBase,
+    SpecFactory,
+    engine_fields,
+    start_engine,
+    worker_spec,
+)
 from fastload.errors import FastloadError
 
 if TYPE_CHECKING:
     from fastload._engine._runner import RunnerOptions
 
 
-class GenericRunner:
+class GenericRunner(RunnerBase):
     """torch's protocol: ``next()`` drives the engine, then refills from the sampler."""
 
     fast = False
@@ -26,22 +32,6 @@ class GenericRunner:
         self._final: dict[str, Any] | None = None
         self._engine = start_engine(options, SpecFactory(worker_spec(options, None), options.host), None, None)
         self._prime()
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return [] if self._final is not None else self._engine.worker_pids
-
-    @property
-    def num_workers(self) -> int:
-        return self._engine.num_workers
-
-    @property
-    def closed(self) -> bool:
-        return self._final is not None
-
-    @property
-    def busy_s(self) -> float:
-        return self._engine.busy_total_s
 
     def _prime(self) -> None:
         for _ in range(self._options.prefetch_factor * self._engine.num_workers):

@@ -18,7 +18,13 @@ from fastload._engine._messages import ERROR, Delivery
 from fastload._engine._pump import Pump, end_marker
 from fastload._engine._sizing import slot_arena
 from fastload._engine._slots import SlotCodec
-from fastload._engine._wiring import SpecFactory, engine_fields, start_engine, worker_spec
+from fastload._engine._wiring import (
+    RunnerBase,
+    SpecFactory,
+    engine_fields,
+    start_engine,
+    worker_spec,
+)
 
 if TYPE_CHECKING:
     from fastload._engine._runner import RunnerOptions
@@ -40,7 +46,7 @@ class IndexSource:
         return self._codec.task(index)
 
 
-class SlotRunner:
+class SlotRunner(RunnerBase):
     """The fast path (see the module text)."""
 
     fast = True
@@ -74,22 +80,6 @@ class SlotRunner:
         self._arena.on_release = self._pump.nudge
         self._lock = threading.Lock()  # close() may come from a finalizer on another thread
         self._prime(first=True)
-
-    @property
-    def worker_pids(self) -> list[int]:
-        return [] if self._final is not None else self._engine.worker_pids
-
-    @property
-    def num_workers(self) -> int:
-        return self._engine.num_workers
-
-    @property
-    def closed(self) -> bool:
-        return self._final is not None
-
-    @property
-    def busy_s(self) -> float:
-        return self._engine.busy_total_s
 
     def _prime(self, first: bool = False) -> None:
         budget = self._options.prefetch_factor * self._engine.num_workers

@@ -87,3 +87,27 @@ def engine_fields(engine: Engine, fast: bool) -> dict[str, Any]:
         "retries": engine.retries,
         "main_batches": engine.main_batches,
     }
+
+
+class RunnerBase:
+    """What both runners say of themselves the same way (``_runner.Runner``): their engine's
+    workers, and whether they are closed (then ``_final`` holds the engine's last figures)."""
+
+    _engine: Engine
+    _final: dict[str, Any] | None = None
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [] if self._final is not None else self._engine.worker_pids
+
+    @property
+    def num_workers(self) -> int:
+        return self._engine.num_workers
+
+    @property
+    def closed(self) -> bool:
+        return self._final is not None
+
+    @property
+    def busy_s(self) -> float:
+        return self._engine.busy_total_s

@@ -4,7 +4,7 @@ it atomically and once per machine, however many processes ask."""
 from __future__ import annotations
 
 from fastload._storage._derived import SourceVersion, derived_path, other_versions
-from fastload._storage._publish import publish, remove, remove_leftovers
+from fastload._storage._publish import fsync_path, publish, remove, remove_leftovers
 from fastload._storage._root import CACHE_ENV, CACHE_REMEDY, cache_root
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "SourceVersion",
     "cache_root",
     "derived_path",
+    "fsync_path",
     "other_versions",
     "publish",
     "remove",

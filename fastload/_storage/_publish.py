@@ -63,9 +63,9 @@ def publish(final: Path, produce: Callable[[Path], None], *, timeout_s: float) -
         temporary = directory / f".{final.name}.{os.getpid()}-{secrets.token_hex(4)}{_TEMP_SUFFIX}"
         try:
             produce(temporary)
-            _fsync(temporary)
+            fsync_path(temporary)
             os.replace(temporary, final)
-            _fsync(directory)
+            fsync_path(directory)
         except BaseException as exc:
             temporary.unlink(missing_ok=True)
             if isinstance(exc, OSError) and not isinstance(exc, FastloadError):
@@ -130,7 +130,8 @@ def _remove_temporaries(directory: Path, name: str) -> list[Path]:
     return removed
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a folder's data and metadata to stable storage."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
