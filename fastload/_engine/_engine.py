@@ -10,6 +10,7 @@ for it (:meth:`Engine.help`).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -29,7 +30,8 @@ from fastload._engine._messages import (
     describe_indices,
     rebuild_exception,
 )
-from fastload._engine._pool import WorkerDied, WorkerPool
+from fastload._engine._pool import WorkerPool
+from fastload._engine._pools import Pool, PoolFactory, WorkerDied
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 from fastload._engine._slots import RESEND
 from fastload._engine._worker import WorkerSpec
@@ -49,7 +51,7 @@ class Engine:
     def __init__(
         self,
         *,
-        ctx: Any,  # a multiprocessing context; None: the default start method
+        ctx: Any,  # the workers' multiprocessing context; None: the default start method
         num_workers: int,
         max_tasks: int,
         in_order: bool,
@@ -59,6 +61,7 @@ class Engine:
         codec: Codec | None = None,
         max_workers: int | None = None,
         start_workers: int | None = None,  # fork this many now, the rest at start_workers()
+        pool: PoolFactory | None = None,  # starts the workers; None: processes in ctx
     ) -> None:
         self.epoch = 0
         self.respawns = 0
@@ -80,8 +83,10 @@ class Engine:
         self.main_batches = 0  # batches the main process built itself (help)
         self._closed = False
         self._max_tasks_per_worker = max_tasks // num_workers
-        self._pool = WorkerPool(
-            ctx or multiprocessing.get_context(),
+        start_pool: PoolFactory = pool or functools.partial(
+            WorkerPool, ctx or multiprocessing.get_context()
+        )
+        self._pool: Pool = start_pool(
             num_workers,
             lambda wid: make_spec(wid, self.epoch),
             max_workers=max_workers,
