@@ -101,19 +101,6 @@ class _KillsWorkerAt(UserReader):
             os._exit(3)
 
 
-@pytest.fixture(params=["threaded", "inline"])
-def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with the engine thread driving throughout, or with ``next()`` driving
-    from the second batch on (the thread drives during the first step), whatever the pace."""
-    if request.param == "threaded":
-        monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
-        monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
-    else:
-        monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)
-        monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
-    return str(request.param)
-
-
 def _plan(size: int = 8) -> list[list[int]]:
     order = np.random.default_rng(5).permutation(N)
     return [order[i : i + size].tolist() for i in range(0, N, size)]

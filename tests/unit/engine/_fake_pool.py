@@ -37,6 +37,11 @@ from fastload._types import Counts
 _INDEX = object()  # reply(): the payload is the task's index (the batch "is" its indices)
 
 
+def batch_indices(k: int, epoch: int = 0) -> tuple[int, int]:
+    """The sample indices of the tests' batch ``k`` (a tuple: the fake codec counts them)."""
+    return (1000 * epoch + 10 * k, 1000 * epoch + 10 * k + 1)
+
+
 @dataclass
 class FakeWorker:
     """One incarnation of worker ``wid``: a respawn or a re-added id is a new one."""
@@ -109,12 +114,15 @@ class FakePool:
         self._clock = clock
         self._make_spec = make_spec
         self._capacity = max(num_workers, max_workers or 0)
-        self._lock = threading.Lock()  # the test scripts while the engine thread may wait()
+        # The test scripts while the engine thread may send and wait; whoever changes what was
+        # sent or heard notifies, for the test's await_* calls.
+        self._lock = threading.Condition(threading.Lock())
         self._pids = itertools.count(1000)
         self.workers: list[FakeWorker | None] = [None] * num_workers  # None: not started
         self.incarnations: list[FakeWorker] = []  # every worker ever started, in order
         self.lost: list[tuple[int, Any]] = []  # sent to a worker reported dead
         self.unheard: list[tuple[int, Reply | WorkerDied]] = []  # from a retired worker: lost
+        self.heard_by: list[str] = []  # per wait() that reported something: the thread's name
         self._events: list[tuple[FakeWorker, Reply | WorkerDied]] = []
         self._read_fd, self._write_fd = os.pipe()
         for fd in (self._read_fd, self._write_fd):
@@ -137,6 +145,7 @@ class FakePool:
             assert worker is not None, f"{msg!r} sent to worker {wid}, not started yet"
             if worker.live:
                 worker.inbox.append(msg)
+                self._lock.notify_all()
             else:
                 self.lost.append((wid, msg))
 
@@ -217,11 +226,32 @@ class FakePool:
     def unanswered(self) -> list[tuple[int, TaskMessage]]:
         """Every live worker's unanswered tasks as ``(worker id, task)``, oldest first."""
         with self._lock:
-            held = [
-                (w.wid, m) for w in self.workers if w is not None and w.live and not w.dying
-                for m in w.unanswered()
-            ]
+            return self._held()
+
+    def _held(self) -> list[tuple[int, TaskMessage]]:
+        held = [
+            (w.wid, m) for w in self.workers if w is not None and w.live and not w.dying
+            for m in w.unanswered()
+        ]
         return sorted(held, key=lambda pair: (pair[1].epoch, pair[1].seq))
+
+    def await_task(self, seq: int, epoch: int = 0, timeout_s: float = 5.0) -> int:
+        """Wait until a live worker holds task ``seq`` of ``epoch`` unanswered (the engine
+        thread may still be sending it); returns that worker's id."""
+
+        def holder() -> int | None:
+            return next((w for w, m in self._held() if (m.epoch, m.seq) == (epoch, seq)), None)
+
+        with self._lock:
+            self._lock.wait_for(lambda: holder() is not None, timeout_s)
+            wid = holder()
+        assert wid is not None, f"task {seq} of epoch {epoch} was not sent within {timeout_s} s"
+        return wid
+
+    def await_heard(self, timeout_s: float = 5.0) -> None:
+        """Wait until the engine has taken every event scripted so far."""
+        with self._lock:
+            assert self._lock.wait_for(lambda: not self._events, timeout_s), "events unheard"
 
     def reply(
         self,
@@ -247,8 +277,10 @@ class FakePool:
 
     def fail(self, wid: int, seq: int | None, exc: BaseException) -> TaskMessage:
         """Worker ``wid``'s build of task ``seq`` raised ``exc``."""
-        task = next(m for m in self.worker(wid).unanswered() if seq is None or m.seq == seq)
-        failure = WorkerFailure(type(exc), str(exc), f"Traceback: {exc!r}", wid, self.worker(wid).pid, task.index)
+        with self._lock:
+            worker = self.worker(wid)
+            task = next(m for m in worker.unanswered() if seq is None or m.seq == seq)
+        failure = WorkerFailure(type(exc), str(exc), f"Traceback: {exc!r}", wid, worker.pid, task.index)
         return self.reply(wid, task.seq, kind=FAILED, payload=failure)
 
     def die(self, wid: int, *, culprit: int | None = None, exitcode: int = -9) -> None:
@@ -294,6 +326,9 @@ class FakePool:
                     worker.live = False
                     self._changed()
             self._events = []
+            if events:
+                self.heard_by.append(threading.current_thread().name)
+            self._lock.notify_all()
             return events
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from _fake_pool import FakeClock, FakeCodec, FakePool, Fakes
+from _fake_pool import FakeClock, FakeCodec, FakePool, Fakes, batch_indices
 
 from fastload._engine import _deadline
 from fastload._engine._engine import MAX_DEATHS, Engine
@@ -21,13 +21,8 @@ def _no_refill() -> None:
     raise AssertionError("refill() is for an exhausted iterable dataset only")
 
 
-def _batch(k: int) -> tuple[int, int]:
-    """Batch ``k``'s sample indices (a tuple: the fake codec counts them)."""
-    return (10 * k, 10 * k + 1)
-
-
 def _put(engine: Engine, batches: range) -> list[tuple[int, int]]:
-    indices = [_batch(k) for k in batches]
+    indices = [batch_indices(k) for k in batches]
     for index in indices:
         assert engine.put(index)
     return indices
@@ -108,7 +103,7 @@ def test_a_batch_that_kills_max_deaths_workers_raises_naming_the_batch_and_its_i
 
 def test_a_worker_that_dies_between_tasks_max_deaths_times_in_a_row_raises(fakes: Fakes) -> None:
     engine, pool = fakes.engine(num_workers=2, prefetch=1)
-    engine.put(_batch(0))  # worker 1 holds nothing
+    engine.put(batch_indices(0))  # worker 1 holds nothing
     for _ in range(MAX_DEATHS - 1):
         pool.die(1, exitcode=1)
         engine.collect(_no_refill)
@@ -125,7 +120,7 @@ def test_a_worker_that_delivers_between_deaths_is_respawned_every_time(fakes: Fa
         engine.collect(_no_refill)
         _put(engine, range(k, k + 1))
         pool.reply(0)
-        assert engine.get(_no_refill).value == _batch(k)
+        assert engine.get(_no_refill).value == batch_indices(k)
     assert engine.respawns == 2 * MAX_DEATHS
 
 
@@ -161,11 +156,11 @@ def test_an_exhausted_worker_skips_its_other_tasks_and_asks_for_a_refill(fakes: 
     pool.reply(0, 0, kind=EXHAUSTED, payload=None)
     assert engine.collect(lambda: refills.append(1)) == []
     assert refills == [1] and engine.in_flight == 2  # batch 2, queued on worker 0, is skipped
-    engine.put(_batch(4))
+    engine.put(batch_indices(4))
     assert pool.seqs(1) == [1, 3, 4]  # only the active worker gets tasks
     for _ in range(3):
         pool.reply(1)
-    assert _epoch(engine) == [indices[1], indices[3], _batch(4)]
+    assert _epoch(engine) == [indices[1], indices[3], batch_indices(4)]
 
 
 def test_stale_results_after_a_new_epoch_are_dropped_exactly_once(fakes: Fakes) -> None:
@@ -205,7 +200,7 @@ def test_a_timeout_raises_naming_the_loaders_timeout_counted_from_the_last_arriv
     clock.at(12.0, lambda: pool.reply(0, 0))
     assert [engine.get(_no_refill).value for _ in range(2)] == indices
     assert clock.now == 12.0
-    engine.put(_batch(2))
+    engine.put(batch_indices(2))
     with pytest.raises(LoaderTimeoutError, match=r"DataLoader timed out after 10 seconds"):
         engine.get(_no_refill)
     assert clock.now == 22.0
@@ -278,7 +273,7 @@ def test_a_retiring_worker_gets_no_task_and_leaves_once_its_tasks_are_done(fakes
     engine.collect(_no_refill)
     assert engine.num_workers == 3 and leaving.live  # batch 5 is still to come
     indices += _put(engine, range(6, 9))
-    assert leaving.unanswered() == [TaskMessage(0, 5, _batch(5))]  # nothing new for it
+    assert leaving.unanswered() == [TaskMessage(0, 5, batch_indices(5))]  # nothing new for it
     pool.reply(2, 5)
     engine.collect(_no_refill)
     assert engine.num_workers == 2 and len(pool.workers) == 2 and len(engine.worker_pids) == 2
