@@ -289,8 +289,10 @@ class Engine:
                 "so it is not retried again. Check those samples (a segfault in a decoder, "
                 "running out of memory)."
             ) from None
+        # A worker that dies before building anything (worker_init_fn, the dataset's set-up)
+        # blames no batch, whether or not tasks were queued for it: count its deaths instead.
         self._idle_deaths[wid] += 1
-        if not lost and self._idle_deaths[wid] >= MAX_DEATHS:
+        if self._idle_deaths[wid] >= MAX_DEATHS:
             raise WorkerCrashedError(
                 f"DataLoader worker {wid} died {MAX_DEATHS} times without building a batch "
                 f"(last: {died.describe()}); check worker_init_fn and the dataset's set-up"

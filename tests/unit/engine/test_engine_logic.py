@@ -113,6 +113,19 @@ def test_a_worker_that_dies_between_tasks_max_deaths_times_in_a_row_raises(fakes
         engine.collect(_no_refill)
 
 
+def test_a_worker_that_dies_before_building_anything_raises_though_it_holds_tasks(fakes: Fakes) -> None:
+    engine, pool = fakes.engine(num_workers=1, prefetch=2)
+    _put(engine, range(2))
+    for _ in range(MAX_DEATHS - 1):
+        pool.die(0, exitcode=1)  # in worker_init_fn, say: no culprit, its tasks still queued
+        engine.collect(_no_refill)
+        assert pool.seqs(0) == [0, 1]
+    pool.die(0, exitcode=1)
+    with pytest.raises(WorkerCrashedError, match=rf"worker 0 died {MAX_DEATHS} times without building a batch"):
+        engine.collect(_no_refill)
+    assert engine.respawns == MAX_DEATHS - 1
+
+
 def test_a_worker_that_delivers_between_deaths_is_respawned_every_time(fakes: Fakes) -> None:
     engine, pool = fakes.engine(num_workers=1, prefetch=1)
     for k in range(2 * MAX_DEATHS):
