@@ -102,6 +102,7 @@ class Pump:
         self._spent = False  # the source returned _END (or raised) this epoch
         self._source_error: BaseException | None = None
         self._halted = False  # an ERROR or DONE was queued: nothing more this epoch
+        self._ended = False  # the same, under _cond (for a consumer that waits on it)
         self._stop = False
         self._sleeping = False
         # The consumer's pace and which driver it calls for (see the module docstring).
@@ -235,6 +236,8 @@ class Pump:
             with self._cond:
                 if ready:
                     return ready.popleft()
+                if self._ended:  # the epoch's last item was taken: nothing will come
+                    return _DONE
                 if helped:
                     continue
                 if not self._thread.is_alive():
@@ -273,6 +276,7 @@ class Pump:
             self._engine.new_epoch()
             with self._cond:
                 self._ready.clear()
+                self._ended = False
             self._source = source
             self._granted = self._used = 0
             self._spent = self._halted = False
@@ -363,7 +367,11 @@ class Pump:
         self._used -= 1
 
     def _push(self, item: Delivery) -> None:
-        self._push_all([item])
+        """Queue the epoch's last item (``DONE`` or ``ERROR``)."""
+        with self._cond:
+            self._ready.append(item)
+            self._ended = True
+            self._cond.notify()
 
     def _push_all(self, items: list[Delivery]) -> None:
         with self._cond:

@@ -178,6 +178,19 @@ def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_
     assert wait_until(lambda: not any(alive(p) for p in pids))
 
 
+def test_next_after_the_end_of_a_persistent_epoch_stops_again_at_once(h5: Path, driver: str) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, persistent_workers=True, timeout=5,
+        collate_fn=_collate(),
+    )
+    it = iter(loader)
+    assert len(list(it)) == len(loader)
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(it)
+    assert len(list(iter(loader))) == len(loader)  # and the next epoch is whole
+
+
 def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path, driver: str) -> None:
     plan = _plan()
     loader = fastload.DataLoader(

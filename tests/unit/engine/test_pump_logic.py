@@ -126,12 +126,13 @@ def test_at_most_prefetch_times_workers_tasks_are_out_whatever_the_replies(
 
 
 def test_a_sampler_that_raises_ends_the_epoch_after_the_batches_it_gave(fakes: Fakes, driver: str) -> None:
-    consumer, pool, sampler = _start(fakes, batches=8, fail_at=5)
+    consumer, pool, sampler = _start(fakes, batches=8, fail_at=5, timeout_s=2.0)
     for k in range(5):
         _serve(pool, k)
         assert consumer.take() == _ok(k)
     item = consumer.take()
     assert item.kind is ERROR and str(item.value) == "the sampler has no batch 5"
+    assert consumer.take().kind is DONE  # then nothing more
     assert sampler.calls == 6  # never asked again
     assert not pool.unanswered()  # and nothing was sent after it
 
@@ -144,6 +145,13 @@ def test_done_comes_once_the_sampler_is_spent_and_every_batch_is_taken(fakes: Fa
         _serve(pool, k)
         assert consumer.take() == _ok(k)
     assert consumer.take().kind is DONE
+
+
+def test_take_after_the_epochs_last_item_gives_done_again(fakes: Fakes, driver: str) -> None:
+    consumer, pool, _ = _start(fakes, batches=1, timeout_s=2.0)  # persistent workers: no close
+    _serve(pool, 0)
+    assert consumer.take() == _ok(0)
+    assert [consumer.take().kind for _ in range(3)] == [DONE] * 3
 
 
 def test_an_empty_sampler_gives_done_at_once(fakes: Fakes, driver: str) -> None:
