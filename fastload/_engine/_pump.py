@@ -160,10 +160,15 @@ class Pump:
             self._step_s = self._step_s + _STEP_WEIGHT * (step - self._step_s) if self._paced else step
             self._paced = True
         threaded = self._threaded
+        hand_over = False
         if (self._step_s < FAST_STEP_S) if threaded else (self._step_s > SLOW_STEP_S):
-            # The next() that hands over to the thread is served here: the batch is wanted
-            # now, and the thread, only just woken, would do the same work later.
-            threaded = not self._follow_pace() and self._threaded
+            # The next() that hands over to the thread is served here, and the thread woken
+            # once it is done: the batch is wanted now, and a thread driving meanwhile would
+            # read the results this next() polls for, leaving it blocked up to MAX_BLOCK_S.
+            hand_over = not threaded
+            if threaded:
+                self._follow_pace()
+                threaded = False
         ready = self._ready
         if threaded and ready:
             item = ready.popleft()
@@ -182,7 +187,9 @@ class Pump:
                     self._wake()
             else:
                 self.grant()
-        if not self._started and not self._stop:
+        if hand_over:
+            self._follow_pace()
+        elif not self._started and not self._stop:
             self._start_with_the_first_step()
         self._taken_at = _clock()
         return item
@@ -207,8 +214,8 @@ class Pump:
         """Whether the thread drives the engine now (else ``next()`` does)."""
         return self._threaded
 
-    def _follow_pace(self) -> bool:
-        """Switch drivers as the consumer's pace says; ``True`` when the thread takes over."""
+    def _follow_pace(self) -> None:
+        """Switch drivers as the consumer's pace says."""
         if self._threaded and self._step_s < FAST_STEP_S:
             self._threaded = False
             self._wake()  # it parks at once instead of at its next result
@@ -219,8 +226,6 @@ class Pump:
             if not self._started and not self._stop:
                 self._started = True
                 self._host.start_thread(self._thread)
-            return True
-        return False
 
     def _get_threaded(self) -> Delivery:
         ready = self._ready

@@ -123,6 +123,7 @@ class FakePool:
         self.lost: list[tuple[int, Any]] = []  # sent to a worker reported dead
         self.unheard: list[tuple[int, Reply | WorkerDied]] = []  # from a retired worker: lost
         self.heard_by: list[str] = []  # per wait() that reported something: the thread's name
+        self.sent_by: dict[tuple[int, int], str] = {}  # (epoch, seq) -> the thread that sent it
         self._events: list[tuple[FakeWorker, Reply | WorkerDied]] = []
         self._read_fd, self._write_fd = os.pipe()
         for fd in (self._read_fd, self._write_fd):
@@ -145,6 +146,8 @@ class FakePool:
             assert worker is not None, f"{msg!r} sent to worker {wid}, not started yet"
             if worker.live:
                 worker.inbox.append(msg)
+                if isinstance(msg, TaskMessage):
+                    self.sent_by.setdefault((msg.epoch, msg.seq), threading.current_thread().name)
                 self._lock.notify_all()
             else:
                 self.lost.append((wid, msg))
