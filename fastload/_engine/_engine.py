@@ -156,6 +156,8 @@ class Engine:
             else:
                 self.main_batches += 1
                 self._accept(wid, task, payload)
+                if self._dispatch.retirements:  # its worker will skip it: it may be done
+                    self._leave_if_drained(wid)
             return True
         return False
 
@@ -246,11 +248,11 @@ class Engine:
             stale = self._stale.pop((epoch, seq), None)
             if stale is not None:
                 self._codec.drop(stale[1].index)
+            if self._dispatch.retirements:
+                self._leave_if_drained(wid)
             return
         task = self._dispatch.complete(seq)
         self._idle_deaths[wid] = 0
-        if self._dispatch.retirements:
-            self._leave_if_drained(wid)
         if kind == EXHAUSTED:
             self._reorder.skip(seq)
             for dropped in self._dispatch.deactivate(wid):
@@ -261,6 +263,8 @@ class Engine:
             self._reorder.push(seq, (FAILED, task, payload))
         else:
             self._accept(wid, task, payload)
+        if self._dispatch.retirements:  # only now: _accept may have sent the task to wid again
+            self._leave_if_drained(wid)
 
     def _on_death(self, wid: int, died: WorkerDied) -> None:
         for key in [k for k, (owner, _) in self._stale.items() if owner == wid]:
@@ -333,7 +337,13 @@ class Engine:
         self._leave_if_drained(self._dispatch.retire_last())
 
     def _leave_if_drained(self, wid: int) -> None:
-        if self._dispatch.retiring(wid) and not self._dispatch.tasks_of(wid):
+        """A retiring worker leaves once it holds no task, of this epoch or (stale) an earlier
+        one: until then it may still write into what those tasks hold."""
+        if (
+            self._dispatch.retiring(wid)
+            and not self._dispatch.tasks_of(wid)
+            and all(owner != wid for owner, _ in self._stale.values())
+        ):
             self._dispatch.remove_last()
             self._pool.retire_last()
             for stats in (self.busy_s, self.read_s, self._idle_deaths):

@@ -317,3 +317,59 @@ def test_tasks_wait_for_the_workers_held_back_and_go_to_them_once_started(fakes:
     engine.start_workers()
     _put(engine, range(1, 3))
     assert [pool.seqs(w) for w in range(3)] == [[0], [1], [2]]
+
+
+def test_a_retiring_worker_whose_last_batch_is_built_again_leaves_after_it(fakes: Fakes) -> None:
+    codec = FakeCodec()
+    engine, pool = fakes.engine(num_workers=2, prefetch=1, codec=codec)
+    first, last = _put(engine, range(2))  # on workers 0 and 1
+    engine.retire_worker()
+    codec.retry_with[last] = bigger = (*last, "bigger slot")
+    pool.reply(1, 1)
+    engine.collect(_no_refill)
+    assert pool.worker(1).inbox[-1] == TaskMessage(0, 1, bigger) and engine.num_workers == 2
+    pool.reply(1, 1)
+    pool.reply(0, 0)
+    assert _epoch(engine) == [first, bigger]
+    assert engine.num_workers == 1 and len(pool.workers) == 1
+
+
+def test_a_retiring_worker_whose_iterable_dataset_ends_leaves(fakes: Fakes) -> None:
+    engine, pool = fakes.engine(num_workers=2, prefetch=1, restartable=False)
+    first, _ = _put(engine, range(2))
+    engine.retire_worker()
+    refills: list[int] = []
+    pool.reply(1, 1, kind=EXHAUSTED, payload=None)
+    engine.collect(lambda: refills.append(1))
+    assert refills == [1] and engine.num_workers == 1 and len(pool.workers) == 1
+    pool.reply(0, 0)
+    assert _epoch(engine) == [first]
+
+
+def test_a_retiring_worker_whose_last_task_the_main_process_built_leaves(fakes: Fakes) -> None:
+    codec = FakeCodec(takes_over=True)
+    engine, pool = fakes.engine(num_workers=2, prefetch=1, codec=codec)
+    first, last = _put(engine, range(2))
+    codec.started = {first}
+    engine.retire_worker()
+    assert engine.help() and codec.taken == [last]
+    assert engine.num_workers == 1 and len(pool.workers) == 1  # it has nothing left to build
+    pool.reply(0, 0)
+    assert _epoch(engine) == [first, last]
+
+
+def test_a_retirement_pending_at_a_new_epoch_completes_once_its_old_batches_are_back(fakes: Fakes) -> None:
+    codec = FakeCodec()
+    engine, pool = fakes.engine(num_workers=2, prefetch=1, codec=codec)
+    _, last = _put(engine, range(2))
+    engine.retire_worker()
+    engine.new_epoch()
+    leaving = pool.worker(1)
+    assert engine.num_workers == 2 and leaving.live  # it may still be writing batch 1
+    pool.reply(1, 1)
+    engine.collect(_no_refill)
+    assert engine.num_workers == 1 and leaving.retired and codec.dropped[last] == 1
+    indices = _put(engine, range(2))
+    assert pool.seqs(0)[-2:] == [0, 1]  # the new epoch's tasks all go to the worker that stays
+    _answer_all(pool)
+    assert _epoch(engine) == indices
