@@ -270,8 +270,9 @@ class Engine:
         for key in [k for k, (owner, _) in self._stale.items() if owner == wid]:
             self._codec.drop(self._stale.pop(key)[1].index)
         if self._dispatch.retiring(wid):  # it was leaving anyway: its tasks go to the others
-            lost = self._dispatch.lose_worker(wid, died.culprit)
+            lost = self._lose(wid, died)
             self._leave_if_drained(wid)
+            self.retries += len(lost)
             for task in lost:
                 self._send(self._dispatch.pick_worker() or 0, task)
             return
@@ -282,17 +283,7 @@ class Engine:
                 f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}); "
                 "an iterable dataset's position cannot be recovered, so the epoch stops here"
             )
-        try:
-            lost = self._dispatch.lose_worker(wid, died.culprit)
-        except RetryBudgetExceeded as exc:
-            task = exc.task
-            raise WorkerCrashedError(
-                f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}) "
-                f"while building batch {task.seq} from sample indices "
-                f"{describe_indices(task.index)}; {task.deaths} workers died on this batch, "
-                "so it is not retried again. Check those samples (a segfault in a decoder, "
-                "running out of memory)."
-            ) from None
+        lost = self._lose(wid, died)
         # A worker that dies before building anything (worker_init_fn, the dataset's set-up)
         # blames no batch, whether or not tasks were queued for it: count its deaths instead.
         self._idle_deaths[wid] += 1
@@ -306,6 +297,21 @@ class Engine:
         self._pool.respawn(wid)
         for task in lost:
             self._send(wid, task)
+
+    def _lose(self, wid: int, died: WorkerDied) -> list[Task]:
+        """The dead worker's tasks, to send again; raises once its culprit has used up its
+        retries."""
+        try:
+            return self._dispatch.lose_worker(wid, died.culprit)
+        except RetryBudgetExceeded as exc:
+            task = exc.task
+            raise WorkerCrashedError(
+                f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}) "
+                f"while building batch {task.seq} from sample indices "
+                f"{describe_indices(task.index)}; {task.deaths} workers died on this batch, "
+                "so it is not retried again. Check those samples (a segfault in a decoder, "
+                "running out of memory)."
+            ) from None
 
     # -- a pool that grows and shrinks (num_workers="auto") --------------------------------------
     @property

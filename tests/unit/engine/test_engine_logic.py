@@ -373,3 +373,28 @@ def test_a_retirement_pending_at_a_new_epoch_completes_once_its_old_batches_are_
     assert pool.seqs(0)[-2:] == [0, 1]  # the new epoch's tasks all go to the worker that stays
     _answer_all(pool)
     assert _epoch(engine) == indices
+
+
+def test_a_batch_that_kills_a_retiring_worker_for_the_last_time_raises_naming_it(fakes: Fakes) -> None:
+    engine, pool = fakes.engine(num_workers=2, prefetch=1)
+    engine.put([3])
+    engine.put([7, 8, 9])  # on worker 1, the one to retire
+    for _ in range(MAX_DEATHS - 1):
+        pool.die(1, culprit=1)
+        engine.collect(_no_refill)
+    engine.retire_worker()
+    pool.die(1, culprit=1)
+    with pytest.raises(WorkerCrashedError, match=r"batch 1 from sample indices \[7, 8, 9\]"):
+        engine.collect(_no_refill)
+
+
+def test_a_retiring_worker_that_dies_hands_its_tasks_to_the_others(fakes: Fakes) -> None:
+    engine, pool = fakes.engine(num_workers=2, prefetch=2)
+    indices = _put(engine, range(4))
+    engine.retire_worker()
+    pool.die(1, culprit=1)
+    engine.collect(_no_refill)
+    assert engine.num_workers == 1 and pool.seqs(0) == [0, 2, 1, 3]
+    assert (engine.respawns, engine.retries) == (0, 2)
+    _answer_all(pool)
+    assert _epoch(engine) == indices
