@@ -77,6 +77,7 @@ def test_a_dead_workers_unfinished_tasks_go_to_its_replacement_and_the_epoch_is_
     assert fresh.pid != dead.pid and fresh.spec == (0, 0)  # the same id, this epoch's spec
     assert pool.seqs(0) == [2, 4]  # sent again, oldest first
     assert (engine.respawns, engine.retries) == (1, 2)
+    assert not pool.lost  # nothing was sent to the dead worker before its replacement
     for wid in (0, 1, 0, 1):
         pool.reply(wid)
     assert _epoch(engine) == indices[2:]
@@ -291,6 +292,7 @@ def test_a_retiring_worker_gets_no_task_and_leaves_once_its_tasks_are_done(fakes
     engine.collect(_no_refill)
     assert engine.num_workers == 2 and len(pool.workers) == 2 and len(engine.worker_pids) == 2
     assert leaving.retired and leaving.inbox[-1] is None and not leaving.unanswered()
+    assert not pool.unheard  # it left after its last reply, not before
     _answer_all(pool)
     assert _epoch(engine) == indices
 
@@ -369,6 +371,7 @@ def test_a_retirement_pending_at_a_new_epoch_completes_once_its_old_batches_are_
     pool.reply(1, 1)
     engine.collect(_no_refill)
     assert engine.num_workers == 1 and leaving.retired and codec.dropped[last] == 1
+    assert not pool.unheard
     indices = _put(engine, range(2))
     assert pool.seqs(0)[-2:] == [0, 1]  # the new epoch's tasks all go to the worker that stays
     _answer_all(pool)
