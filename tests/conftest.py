@@ -1,7 +1,7 @@
 """Suite-wide settings: warnings are errors (pyproject), every test has a timeout and a hang
 dumps all stacks (pytest-timeout + faulthandler), tests that need CUDA are skipped where there
 is none, and fastload's local cache (decoded Parquet copies) is a temporary directory, never the
-user's.
+user's. Also the fixtures that unit and integration tests share.
 
 The suite runs with host tuning as the environment says (``FASTLOAD_HOST_TUNING``; CI runs the
 integration tests both ways); a test marked ``host_tuned`` checks one of its mechanisms and
@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
+from fastload._engine import _pump
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,3 +39,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(params=["threaded", "inline"])
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with the engine thread driving throughout, or with ``next()`` driving
+    from the second batch on (the thread drives during the first step), whatever the pace."""
+    if request.param == "threaded":
+        monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
+        monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
+    else:
+        monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)
+        monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
+    return str(request.param)

@@ -10,6 +10,7 @@ for it (:meth:`Engine.help`).
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -29,7 +30,8 @@ from fastload._engine._messages import (
     describe_indices,
     rebuild_exception,
 )
-from fastload._engine._pool import WorkerDied, WorkerPool
+from fastload._engine._pool import WorkerPool
+from fastload._engine._pools import Pool, PoolFactory, WorkerDied
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 from fastload._engine._slots import RESEND
 from fastload._engine._worker import WorkerSpec
@@ -49,7 +51,7 @@ class Engine:
     def __init__(
         self,
         *,
-        ctx: Any,  # a multiprocessing context; None: the default start method
+        ctx: Any,  # the workers' multiprocessing context; None: the default start method
         num_workers: int,
         max_tasks: int,
         in_order: bool,
@@ -59,6 +61,7 @@ class Engine:
         codec: Codec | None = None,
         max_workers: int | None = None,
         start_workers: int | None = None,  # fork this many now, the rest at start_workers()
+        pool: PoolFactory | None = None,  # starts the workers; None: processes in ctx
     ) -> None:
         self.epoch = 0
         self.respawns = 0
@@ -80,8 +83,10 @@ class Engine:
         self.main_batches = 0  # batches the main process built itself (help)
         self._closed = False
         self._max_tasks_per_worker = max_tasks // num_workers
-        self._pool = WorkerPool(
-            ctx or multiprocessing.get_context(),
+        start_pool: PoolFactory = pool or functools.partial(
+            WorkerPool, ctx or multiprocessing.get_context()
+        )
+        self._pool: Pool = start_pool(
             num_workers,
             lambda wid: make_spec(wid, self.epoch),
             max_workers=max_workers,
@@ -151,6 +156,8 @@ class Engine:
             else:
                 self.main_batches += 1
                 self._accept(wid, task, payload)
+                if self._dispatch.retirements:  # its worker will skip it: it may be done
+                    self._leave_if_drained(wid)
             return True
         return False
 
@@ -241,11 +248,11 @@ class Engine:
             stale = self._stale.pop((epoch, seq), None)
             if stale is not None:
                 self._codec.drop(stale[1].index)
+            if self._dispatch.retirements:
+                self._leave_if_drained(wid)
             return
         task = self._dispatch.complete(seq)
         self._idle_deaths[wid] = 0
-        if self._dispatch.retirements:
-            self._leave_if_drained(wid)
         if kind == EXHAUSTED:
             self._reorder.skip(seq)
             for dropped in self._dispatch.deactivate(wid):
@@ -256,13 +263,16 @@ class Engine:
             self._reorder.push(seq, (FAILED, task, payload))
         else:
             self._accept(wid, task, payload)
+        if self._dispatch.retirements:  # only now: _accept may have sent the task to wid again
+            self._leave_if_drained(wid)
 
     def _on_death(self, wid: int, died: WorkerDied) -> None:
         for key in [k for k, (owner, _) in self._stale.items() if owner == wid]:
             self._codec.drop(self._stale.pop(key)[1].index)
         if self._dispatch.retiring(wid):  # it was leaving anyway: its tasks go to the others
-            lost = self._dispatch.lose_worker(wid, died.culprit)
+            lost = self._lose(wid, died)
             self._leave_if_drained(wid)
+            self.retries += len(lost)
             for task in lost:
                 self._send(self._dispatch.pick_worker() or 0, task)
             return
@@ -273,19 +283,11 @@ class Engine:
                 f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}); "
                 "an iterable dataset's position cannot be recovered, so the epoch stops here"
             )
-        try:
-            lost = self._dispatch.lose_worker(wid, died.culprit)
-        except RetryBudgetExceeded as exc:
-            task = exc.task
-            raise WorkerCrashedError(
-                f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}) "
-                f"while building batch {task.seq} from sample indices "
-                f"{describe_indices(task.index)}; {task.deaths} workers died on this batch, "
-                "so it is not retried again. Check those samples (a segfault in a decoder, "
-                "running out of memory)."
-            ) from None
+        lost = self._lose(wid, died)
+        # A worker that dies before building anything (worker_init_fn, the dataset's set-up)
+        # blames no batch, whether or not tasks were queued for it: count its deaths instead.
         self._idle_deaths[wid] += 1
-        if not lost and self._idle_deaths[wid] >= MAX_DEATHS:
+        if self._idle_deaths[wid] >= MAX_DEATHS:
             raise WorkerCrashedError(
                 f"DataLoader worker {wid} died {MAX_DEATHS} times without building a batch "
                 f"(last: {died.describe()}); check worker_init_fn and the dataset's set-up"
@@ -295,6 +297,21 @@ class Engine:
         self._pool.respawn(wid)
         for task in lost:
             self._send(wid, task)
+
+    def _lose(self, wid: int, died: WorkerDied) -> list[Task]:
+        """The dead worker's tasks, to send again; raises once its culprit has used up its
+        retries."""
+        try:
+            return self._dispatch.lose_worker(wid, died.culprit)
+        except RetryBudgetExceeded as exc:
+            task = exc.task
+            raise WorkerCrashedError(
+                f"DataLoader worker (pid(s) {died.pid}) exited unexpectedly ({died.describe()}) "
+                f"while building batch {task.seq} from sample indices "
+                f"{describe_indices(task.index)}; {task.deaths} workers died on this batch, "
+                "so it is not retried again. Check those samples (a segfault in a decoder, "
+                "running out of memory)."
+            ) from None
 
     # -- a pool that grows and shrinks (num_workers="auto") --------------------------------------
     @property
@@ -326,7 +343,13 @@ class Engine:
         self._leave_if_drained(self._dispatch.retire_last())
 
     def _leave_if_drained(self, wid: int) -> None:
-        if self._dispatch.retiring(wid) and not self._dispatch.tasks_of(wid):
+        """A retiring worker leaves once it holds no task, of this epoch or (stale) an earlier
+        one: until then it may still write into what those tasks hold."""
+        if (
+            self._dispatch.retiring(wid)
+            and not self._dispatch.tasks_of(wid)
+            and all(owner != wid for owner, _ in self._stale.values())
+        ):
             self._dispatch.remove_last()
             self._pool.retire_last()
             for stats in (self.busy_s, self.read_s, self._idle_deaths):

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from fastload._engine._messages import Reply
+from fastload._engine._pools import WorkerDied
 from fastload._engine._reaper import join_or_kill, reap
 from fastload._engine._transport import dumps_task, loads, take_frames, write_frame
 from fastload._engine._worker import WorkerSpec, worker_main
@@ -51,21 +53,6 @@ _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with 
 _PIPE_BYTES = 1 << 20
 _CLOSED = -1  # a pipe end that is not open (no worker, or closed)
 _REAPABLE_S = 0.1  # how long a worker whose sentinel fired may take to become reapable
-
-
-class WorkerDied:
-    """What :meth:`WorkerPool.wait` reports for a worker that exited without being told to."""
-
-    def __init__(self, pid: int | None, exitcode: int | None, culprit: int | None) -> None:
-        self.pid = pid
-        self.exitcode = exitcode
-        self.culprit = culprit  # sequence number of the task it was building, if any
-
-    def describe(self) -> str:
-        code = self.exitcode
-        if code is not None and code < 0:
-            return f"pid {self.pid} killed by signal {-code}"
-        return f"pid {self.pid} exited with code {code}"
 
 
 @contextlib.contextmanager
@@ -96,8 +83,9 @@ def _close_ends(*ends: list[int]) -> None:
 
 
 class WorkerPool:
-    """Starts ``num_workers`` processes from ``make_spec(worker_id)`` (all in parallel) and moves
-    messages: :meth:`send` to one worker, :meth:`wait` for results and deaths of all.
+    """The :class:`~fastload._engine._pools.Pool` of processes: starts ``num_workers`` of them
+    from ``make_spec(worker_id)`` (all in parallel) and moves messages: :meth:`send` to one
+    worker, :meth:`wait` for results and deaths of all.
 
     ``start``: how many to fork now (default all); :meth:`start_rest` forks the others, so a
     caller can send the first worker its task before the forks of the rest (5-7 ms
@@ -211,7 +199,7 @@ class WorkerPool:
         timeout_s: float,
         ready: list[tuple[int, int]] | None = None,
         generation: int | None = None,
-    ) -> list[tuple[int, Any]]:
+    ) -> list[tuple[int, Reply | WorkerDied]]:
         """Block up to ``timeout_s`` for anything from the workers. Returns ``(worker_id, message)``
         pairs in arrival order per worker; a worker that died is reported once, as a
         :class:`WorkerDied`, after every result it managed to send. A caller that has already
@@ -224,7 +212,7 @@ class WorkerPool:
                 ready = poller.poll(max(0, int(timeout_s * 1000)))
             except InterruptedError:
                 ready = []
-        events: list[tuple[int, Any]] = []
+        events: list[tuple[int, Reply | WorkerDied]] = []
         dead: list[int] = []
         for fd, _ in ready:
             watched = self._watched.get(fd)

@@ -100,6 +100,7 @@ class Pump:
         self._spent = False  # the source returned _END (or raised) this epoch
         self._source_error: BaseException | None = None
         self._halted = False  # an ERROR or DONE was queued: nothing more this epoch
+        self._ended = False  # the same, under _cond (for a consumer that waits on it)
         self._stop = False
         self._sleeping = False
         # The consumer's pace and which driver it calls for (see the module docstring).
@@ -155,10 +156,15 @@ class Pump:
             self._step_s = self._step_s + _STEP_WEIGHT * (step - self._step_s) if self._paced else step
             self._paced = True
         threaded = self._threaded
+        hand_over = False
         if (self._step_s < FAST_STEP_S) if threaded else (self._step_s > SLOW_STEP_S):
-            # The next() that hands over to the thread is served here: the batch is wanted
-            # now, and the thread, only just woken, would do the same work later.
-            threaded = not self._follow_pace() and self._threaded
+            # The next() that hands over to the thread is served here, and the thread woken
+            # once it is done: the batch is wanted now, and a thread driving meanwhile would
+            # read the results this next() polls for, leaving it blocked up to MAX_BLOCK_S.
+            hand_over = not threaded
+            if threaded:
+                self._follow_pace()
+                threaded = False
         ready = self._ready
         if threaded and ready:
             item = ready.popleft()
@@ -177,7 +183,9 @@ class Pump:
                     self._wake()
             else:
                 self.grant()
-        if not self._started and not self._stop:
+        if hand_over:
+            self._follow_pace()
+        elif not self._started and not self._stop:
             self._start_with_the_first_step()
         self._taken_at = _clock()
         return item
@@ -202,8 +210,8 @@ class Pump:
         """Whether the thread drives the engine now (else ``next()`` does)."""
         return self._threaded
 
-    def _follow_pace(self) -> bool:
-        """Switch drivers as the consumer's pace says; ``True`` when the thread takes over."""
+    def _follow_pace(self) -> None:
+        """Switch drivers as the consumer's pace says."""
         if self._threaded and self._step_s < FAST_STEP_S:
             self._threaded = False
             self._wake()  # it parks at once instead of at its next result
@@ -214,8 +222,6 @@ class Pump:
             if not self._started and not self._stop:
                 self._started = True
                 self._thread.start()
-            return True
-        return False
 
     def _get_threaded(self) -> Delivery:
         ready = self._ready
@@ -231,6 +237,8 @@ class Pump:
             with self._cond:
                 if ready:
                     return ready.popleft()
+                if self._ended:  # the epoch's last item was taken: nothing will come
+                    return _DONE
                 if helped:
                     continue
                 if not self._thread.is_alive():
@@ -269,6 +277,7 @@ class Pump:
             self._engine.new_epoch()
             with self._cond:
                 self._ready.clear()
+                self._ended = False
             self._source = source
             self._granted = self._used = 0
             self._spent = self._halted = False
@@ -359,7 +368,11 @@ class Pump:
         self._used -= 1
 
     def _push(self, item: Delivery) -> None:
-        self._push_all([item])
+        """Queue the epoch's last item (``DONE`` or ``ERROR``)."""
+        with self._cond:
+            self._ready.append(item)
+            self._ended = True
+            self._cond.notify()
 
     def _push_all(self, items: list[Delivery]) -> None:
         with self._cond:

@@ -94,6 +94,18 @@ def test_a_sample_that_kills_every_worker_raises_naming_the_batch_and_indices() 
     assert _new_children(before) == set()
 
 
+def _exit_at_start(worker_id: int) -> None:
+    os._exit(1)
+
+
+def test_workers_that_die_as_they_start_raise_instead_of_being_respawned_forever() -> None:
+    before = {p.pid for p in live_children()}
+    loader = fastload.DataLoader(torch.arange(16), batch_size=4, num_workers=2, worker_init_fn=_exit_at_start)
+    with pytest.raises(WorkerCrashedError, match=r"died 3 times without building a batch"):
+        list(loader)
+    assert _new_children(before) == set()
+
+
 def test_worker_crash_error_is_a_runtime_error_like_torchs() -> None:
     assert issubclass(WorkerCrashedError, RuntimeError)
 

@@ -101,19 +101,6 @@ class _KillsWorkerAt(UserReader):
             os._exit(3)
 
 
-@pytest.fixture(params=["threaded", "inline"])
-def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with the engine thread driving throughout, or with ``next()`` driving
-    from the second batch on (the thread drives during the first step), whatever the pace."""
-    if request.param == "threaded":
-        monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
-        monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
-    else:
-        monkeypatch.setattr(_pump, "FAST_STEP_S", 1e9)
-        monkeypatch.setattr(_pump, "SLOW_STEP_S", 2e9)
-    return str(request.param)
-
-
 def _plan(size: int = 8) -> list[list[int]]:
     order = np.random.default_rng(5).permutation(N)
     return [order[i : i + size].tolist() for i in range(0, N, size)]
@@ -189,6 +176,19 @@ def test_a_sampler_error_reaches_next_after_the_batches_before_it_and_stops_the_
         next(it)
     assert wait_until(lambda: not _pump_threads())
     assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+def test_next_after_the_end_of_a_persistent_epoch_stops_again_at_once(h5: Path, driver: str) -> None:
+    loader = fastload.DataLoader(
+        fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, persistent_workers=True, timeout=5,
+        collate_fn=_collate(),
+    )
+    it = iter(loader)
+    assert len(list(it)) == len(loader)
+    for _ in range(2):
+        with pytest.raises(StopIteration):
+            next(it)
+    assert len(list(iter(loader))) == len(loader)  # and the next epoch is whole
 
 
 def test_timeout_raises_on_the_fast_path_within_the_bound(h5: Path, driver: str) -> None:
