@@ -331,16 +331,23 @@ class Engine:
             stats.append(0.0)
         self._idle_deaths.append(0)
 
-    def retire_worker(self) -> None:
-        """The highest worker gets no more tasks and stops once it has delivered those it holds
-        (never below one worker)."""
-        if self._dispatch.num_workers - sum(
+    @property
+    def staying_workers(self) -> int:
+        """Workers that take tasks from the next dispatch on (those not retiring)."""
+        return self._dispatch.num_workers - sum(
             self._dispatch.retiring(w) for w in range(self._dispatch.num_workers)
-        ) <= 1:
-            return
+        )
+
+    def retire_worker(self) -> bool:
+        """The highest worker gets no more tasks and stops once it has delivered those it holds
+        (never below one worker, one retirement at a time). ``True`` when a worker will leave,
+        ``False`` when the request was declined."""
+        if self.staying_workers <= 1:
+            return False
         if self._dispatch.retiring(self._dispatch.num_workers - 1):
-            return  # one retirement at a time
+            return False  # one retirement at a time
         self._leave_if_drained(self._dispatch.retire_last())
+        return True
 
     def _leave_if_drained(self, wid: int) -> None:
         """A retiring worker leaves once it holds no task, of this epoch or (stale) an earlier

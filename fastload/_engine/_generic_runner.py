@@ -34,7 +34,7 @@ class GenericRunner(RunnerBase):
         self._prime()
 
     def _prime(self) -> None:
-        for _ in range(self._options.prefetch_factor * self._engine.num_workers):
+        for _ in range(self._options.prefetch_factor * self._engine.staying_workers):
             self._try_put()
 
     def _try_put(self) -> None:
@@ -62,6 +62,7 @@ class GenericRunner(RunnerBase):
     def new_epoch(self, sampler_iter: Iterator[Any]) -> None:
         self._sampler_iter = sampler_iter
         self._engine.new_epoch()
+        self._skip_refills = 0  # the new epoch is primed for the workers that stay
         self._prime()
 
     def add_worker(self) -> None:
@@ -70,8 +71,8 @@ class GenericRunner(RunnerBase):
             self._try_put()
 
     def retire_worker(self) -> None:
-        self._engine.retire_worker()
-        self._skip_refills += self._options.prefetch_factor
+        if self._engine.retire_worker():
+            self._skip_refills += self._options.prefetch_factor
 
     def fields(self) -> dict[str, Any]:
         return dict(self._final) if self._final is not None else engine_fields(self._engine, False)

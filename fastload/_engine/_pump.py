@@ -279,7 +279,7 @@ class Pump:
                 self._ready.clear()
                 self._ended = False
             self._source = source
-            self._granted = self._used = 0
+            self._granted = self._used = self._skipped_grants = 0
             self._spent = self._halted = False
             self._source_error = None
             self._taken_at = None

@@ -82,7 +82,7 @@ class SlotRunner(RunnerBase):
         self._prime(first=True)
 
     def _prime(self, first: bool = False) -> None:
-        budget = self._options.prefetch_factor * self._engine.num_workers
+        budget = self._options.prefetch_factor * self._engine.staying_workers
         if first:
             self._pump.grant(1)
             self._engine.start_workers()
@@ -131,9 +131,10 @@ class SlotRunner(RunnerBase):
 
     def retire_worker(self) -> None:
         with self._pump.lock:
-            self._engine.retire_worker()
-        self._pump.skip_grants(self._options.prefetch_factor)
-        self._pump.wake()
+            leaving = self._engine.retire_worker()
+        if leaving:
+            self._pump.skip_grants(self._options.prefetch_factor)
+            self._pump.wake()
 
     def fields(self) -> dict[str, Any]:
         if self._final is not None:

@@ -14,6 +14,7 @@ import fastload
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _fault_datasets import Slow
+from _token_files import write_token_file
 
 
 def _consume(loader: fastload.DataLoader, step_s: float, seconds: float) -> list[int]:
@@ -52,3 +53,26 @@ def test_auto_workers_give_the_same_batches_as_a_fixed_pool() -> None:
     fixed = [b.tolist() for b in fastload.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, generator=gen())]
     auto = [b.tolist() for b in fastload.DataLoader(ds, batch_size=8, shuffle=True, num_workers="auto", generator=gen())]
     assert auto == fixed
+
+
+@pytest.mark.parametrize("path", ["generic", "fast"])
+def test_a_declined_retirement_holds_back_no_task(path: str, tmp_path: Path) -> None:
+    # Two requests in a row: the first retires a worker (two tasks fewer in flight), the second
+    # is declined (one retirement at a time). Holding back tasks for it too would leave nothing
+    # in flight: the generic path ended the epoch early, the fast path waited for ever.
+    if path == "generic":
+        loader = fastload.DataLoader(Slow(40), batch_size=2, num_workers=2, timeout=5)
+        expected = list(range(40))
+    else:
+        h5 = write_token_file(tmp_path / "t.h5", 40, 20)
+        loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=2, num_workers=2, timeout=5)
+        expected = fastload.HDF5Dataset(h5).lengths.tolist()
+    it = iter(loader)
+    got = [next(it) for _ in range(2)]
+    it._runner.retire_worker()
+    it._runner.retire_worker()
+    got.extend(it)
+    if path == "generic":
+        assert [int(v) for b in got for v in b] == expected
+    else:
+        assert [int(v) for b in got for v in b["lengths"]] == expected

@@ -401,3 +401,10 @@ def test_a_retiring_worker_that_dies_hands_its_tasks_to_the_others(fakes: Fakes)
     assert (engine.respawns, engine.retries) == (0, 2)
     _answer_all(pool)
     assert _epoch(engine) == indices
+
+
+def test_retire_worker_says_whether_a_worker_will_leave(fakes: Any) -> None:
+    engine, _ = fakes.engine(num_workers=2)
+    assert engine.retire_worker() is True and engine.staying_workers == 1
+    assert engine.retire_worker() is False  # never below one worker
+    assert engine.staying_workers == 1
