@@ -123,7 +123,7 @@ def mmap_getitems(path: Path, plan: list[list[int]], workers: int) -> Iterable[A
     return torch.utils.data.DataLoader(MmapGather(path), batch_sampler=plan, num_workers=workers, collate_fn=_first)
 
 
-def fast(path: Path, plan: list[list[int]], workers: int, host_tuning: bool = True) -> Iterable[Any]:
+def fast(path: Path, plan: list[list[int]], workers: int, host_tuning: bool | None = None) -> Iterable[Any]:
     return fastload.DataLoader(
         fastload.HDF5Dataset(path, fields=["tokens"]),
         batch_sampler=plan,
