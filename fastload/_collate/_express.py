@@ -4,7 +4,7 @@ memory map (a fastload HDF5 file), padded by ``PadCollate``.
 The native ``gather_pad`` checks the indices, reads each sample's span from the offsets, lays
 the batch out as ``PadCollate`` would (ids, mask, lengths, each at a multiple of ``ALIGN``) and
 pads into the buffer, where the general path makes some 60 Python-level calls (the measured
-difference is in ``benchmarks/README.md``). A batch it cannot take (an index out of range, say)
+difference is in ``benchmarks/README.md``, "Measurements behind the design"). A batch it cannot take (an index out of range, say)
 goes the general way, which says what is wrong.
 """
 

@@ -3,27 +3,20 @@ its consumer runs on, unless a trial shows a starved consumer better served with
 everywhere.
 
 On the fast path a worker builds a batch in about as much CPU time as the consumer takes to
-receive it and step, so with two cores the consumer is the bottleneck, and every moment a
-worker holds the consumer's CPU is a moment the consumer waits for it. The scheduler only
-finds the placement that avoids this (the consumer alone on one CPU, the workers sharing the
-rest) some of the time: measured here with 2 workers on 2 cores, in fresh 1000-batch runs, the
-consumer waited 20-120 µs per batch for its own CPU for hundreds of batches at a stretch.
-Keeping the workers off it: +9 % samples/s (paired median of 24 interleaved runs; the variants
-tried on the way measured 0 to +22 %, this machine being noisy).
+receive it and step, so on a small machine the consumer is the bottleneck, and every moment a
+worker holds the consumer's CPU is a moment the consumer waits for it; the scheduler finds the
+placement that avoids this only some of the time.
 
 The price would be a worker-bound loader (heavy batches, few cores) losing a CPU. So the first
 time the consumer spends more than ``STARVED`` of a window of ``WINDOW`` batches waiting in
 ``next()``, the workers get every CPU for a trial: one window released, one confined again,
 and they keep every CPU only if the released window delivered batches faster than both
 confined ones by ``GAIN``. Windows start once ``WARMUP`` batches are out, because a fresh
-worker's first batches are slow (page faults into the file and the slots: the consumer waited
-44-63 % of the first 32 batches, 1-21 % of the third, about 1 % after the fourth). Measured
-with batches that cost the workers 400 µs of CPU each: 121k samples/s never confined, 90k
-confined throughout, 105k released after the first window. The trial is there because a
-starved consumer does not always mean the workers lack a CPU: with another busy process on
-the machine, never releasing them delivered 3 % and 23 % more than releasing them for good (two
-series of fresh 1000-batch runs, paired medians of 12), and the trial 4 % and 7 % more. A
-trial that fails is tried again after ``RETRY`` windows, then after twice as many each time.
+worker's first batches are slow (page faults into the file and the slots). The trial is there
+because a starved consumer does not always mean the workers lack a CPU (another busy process
+on the machine, say). A trial that fails is tried again after ``RETRY`` windows, then after
+twice as many each time. (The measurements behind these rules are in ``benchmarks/README.md``,
+"Measurements behind the design".)
 
 Only the fast path does this (the generic path's workers are usually the bottleneck), only
 where the main process may run on two CPUs or more, and a ``worker_init_fn`` that sets its

@@ -15,7 +15,7 @@ loader's iterator point to it.
      arrives meanwhile is read and dropped, so a worker blocked sending a large result finishes
      and leaves.
   3. The result pipes are closed. Workers that said goodbye are joined in the background
-     (``_reaper.py``: their exit takes 5-9 ms each here, and touches nothing of ours); the
+     (``_reaper.py``: their exit takes milliseconds, and touches nothing of ours); the
      others, stuck in user code, get SIGTERM, then SIGKILL, and are joined before returning.
   4. Only then does the engine release shared memory (the batch slots): no worker can still
      write into it, or open a descriptor number the main process may reuse.
@@ -60,8 +60,8 @@ def _frozen_for_fork(ctx: Any) -> Iterator[None]:
     """Around a fork: the parent's objects are moved to the collector's permanent generation
     (``gc.freeze``) while the child is forked, then handed back to the parent. The child keeps
     them frozen, so a full collection in a worker skips the parent's heap instead of writing to
-    every object on it: one measured here took 0.9 ms instead of 230 ms, and copy-on-write
-    copied 40 pages instead of 10,000. A parent that froze objects itself is left alone."""
+    every object on it (which copy-on-write would copy page by page). A parent that froze
+    objects itself is left alone."""
     if ctx.get_start_method() != "fork" or gc.get_freeze_count():
         yield
         return

@@ -196,10 +196,8 @@ class Pump:
 
     def _start_with_the_first_step(self) -> None:
         """The first batch is out: the thread starts and drives while the consumer takes its
-        first step, so a slow consumer's second batch is waiting for it, decoded (the thread
-        started only once the consumer was known to be slow ran a whole collect before that
-        next() could go on: 1.1-1.3 ms after a 50 ms step). The next ``get()`` hands back to
-        the consumer if it stepped fast."""
+        first step, so a slow consumer's second batch is waiting for it, decoded. The next
+        ``take()`` hands back to the consumer if it stepped fast."""
         with self._park:
             self._threaded = True
         self._started = True

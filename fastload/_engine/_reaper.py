@@ -3,7 +3,7 @@
 A worker told to stop closes its result pipe as the last thing ``worker_main`` does; from then on
 it touches nothing the main process owns (no slot, no descriptor, no pipe). What remains is the
 exit itself, where the kernel takes apart an address space that fork copied from a parent with
-torch loaded: 5-9 ms per worker here, during which a joining parent sits idle. So the pool waits
+torch loaded, during which a joining parent would sit idle. So the pool waits
 only for that goodbye (NOTE [shutdown order] in ``_pool.py``) and hands the processes to
 :func:`reap`, whose thread joins them, and sends SIGTERM, then SIGKILL, to one that hangs in its
 exit (a user's ``atexit`` handler, say).

@@ -140,8 +140,8 @@ class SlotCodec:
     the main process, or ``None`` where the main process may not build them) it can also take
     over a task no worker has started (:meth:`take_over`): each task sent into a regular slot
     then carries a new claim ticket (``_claims.py``). The builder is made when first needed,
-    while ``next()`` would wait (it opens the file in this process: 0.3-0.6 ms here), not when
-    the iterator starts."""
+    while ``next()`` would wait (it opens the file in this process), not when the iterator
+    starts."""
 
     def __init__(
         self,
