@@ -12,6 +12,7 @@ meter, the progress bar and the logged stats.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import logging
 import os
@@ -55,7 +56,7 @@ def _close_all_at_exit() -> None:
         it._shutdown()
 
 
-class _BaseIterator:
+class _BaseIterator(abc.ABC):
     """torch's bookkeeping, the device copy and the measuring, for both modes. A mode provides
     :meth:`_next_host` (the next batch on the host and its counts, or ``StopIteration``)."""
 
@@ -147,8 +148,9 @@ class _BaseIterator:
         if self._is_iterable:
             self._warn_if_past_len()
 
+    @abc.abstractmethod
     def _next_host(self) -> tuple[Any, Counts]:
-        raise NotImplementedError  # each mode provides it
+        """The next batch on the host and its counts; ``StopIteration`` at the epoch's end."""
 
     def _next_on_device(self) -> tuple[Any, Counts]:
         if self._on_device is None:
@@ -229,7 +231,7 @@ class _BaseIterator:
         """The pids of the current worker processes (a replaced worker has a new pid)."""
         return []
 
-    def _shutdown(self, join_s: float = 2.0) -> None:
+    def _shutdown(self, join_s: float = 2.0) -> None:  # noqa: B027  (in-process: nothing to stop)
         """Stop what the iterator started. Idempotent."""
 
     def __del__(self) -> None:

@@ -172,8 +172,13 @@ class SlotArena:
             self._check_fits(self.slot_bytes * slots)
             self._grow(slots)
 
+    @staticmethod
+    def stride(capacity: int) -> int:
+        """The bytes a regular slot holding ``capacity`` bytes of batch takes in a segment."""
+        return align(capacity + CLAIM_BYTES, _PAGE)
+
     def _set_size(self, capacity: int) -> None:
-        self.slot_bytes = align(capacity + CLAIM_BYTES, _PAGE)
+        self.slot_bytes = self.stride(capacity)
 
     def _check_fits(self, needed: int) -> None:
         if self._bytes + needed > self.max_bytes:

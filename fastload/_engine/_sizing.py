@@ -21,7 +21,6 @@ import numpy as np
 from fastload._engine._arena import Pinner, SlotArena, align, available_memory_bytes
 from fastload._protocols import Layout
 from fastload._types import Field, Ragged
-from fastload.errors import SharedMemoryError
 
 HEADROOM = 1.25  # regular slots hold this much more than the batch that sized them
 WINDOW = 32  # batches looked back on when deciding to remake the slots
@@ -159,10 +158,8 @@ def slot_arena(
     rows, max_tokens = _plan_rows_and_tokens(index_sampler)
     if rows is not None or max_tokens is not None:
         bound = slot_bytes_bound(collate, reader.fields, lengths, rows=rows, max_tokens=max_tokens)
-        try:
+        if SlotArena.stride(bound) * slots <= max_bytes:  # else size from the batches that come
             return SlotArena(slot_bytes=bound, slots=slots, max_bytes=max_bytes, pin=pin), None
-        except SharedMemoryError:
-            pass  # the largest possible batch does not fit: size from the batches that come
     arena = SlotArena(slot_bytes=0, slots=slots, max_bytes=max_bytes, pin=pin)
     return arena, BatchBytes(collate, reader.fields, lengths)
 
