@@ -12,6 +12,7 @@ consumes: a dict from field name to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -67,3 +68,96 @@ class Counts(NamedTuple):
     rows: int
     real_tokens: int | None = None
     padded_tokens: int | None = None
+
+
+#: First element of a packed batch's int64 encoding: a negative number, never a sample index, so
+#: that a reader handed the encoding by mistake fails instead of reading the wrong samples.
+PACK_MAGIC = -0x5041434B
+
+_PACK_HEADER = 4  # magic, seq_len, rows, pieces
+
+
+@dataclass(frozen=True, eq=False)
+class PackedBatch:
+    """One packed batch: ``rows`` rows of at most ``seq_len`` tokens, each row a run of
+    *pieces*, piece ``p`` being tokens ``starts[p]:stops[p]`` of sample ``samples[p]``.
+
+    The pieces of row ``r`` are ``row_offsets[r]:row_offsets[r + 1]``, in the order they lie in
+    the row; a row without pieces is padding only. What a packing sampler yields and a packing
+    collate builds from; it travels between processes as one int64 array (:meth:`encode`, also
+    what ``numpy.asarray`` gives), which :meth:`coerce` turns back into this.
+    """
+
+    samples: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    stops: npt.NDArray[np.int64]
+    row_offsets: npt.NDArray[np.int64]
+    seq_len: int
+
+    @property
+    def rows(self) -> int:
+        return int(self.row_offsets.size - 1)
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens of the batch (every piece's length, summed)."""
+        return int((self.stops - self.starts).sum())
+
+    def __len__(self) -> int:
+        """The number of pieces."""
+        return int(self.samples.size)
+
+    def __iter__(self) -> Iterator[int]:
+        """The sample of each piece, in row order (what an error message lists)."""
+        return iter(self.samples.tolist())
+
+    def row(self, r: int) -> list[tuple[int, int, int]]:
+        """Row ``r`` as ``(sample, start, stop)`` pieces."""
+        first, last = int(self.row_offsets[r]), int(self.row_offsets[r + 1])
+        return list(
+            zip(
+                self.samples[first:last].tolist(),
+                self.starts[first:last].tolist(),
+                self.stops[first:last].tolist(),
+                strict=True,
+            )
+        )
+
+    def encode(self) -> npt.NDArray[np.int64]:
+        """The batch as one int64 array: a header, the row offsets, then the three piece
+        columns."""
+        header = np.array([PACK_MAGIC, self.seq_len, self.rows, len(self)], dtype=np.int64)
+        return np.concatenate((header, self.row_offsets, self.samples, self.starts, self.stops))
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        encoded = self.encode()
+        return encoded if dtype is None else encoded.astype(dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedBatch(rows={self.rows}, seq_len={self.seq_len}, pieces={len(self)}, "
+            f"tokens={self.num_tokens})"
+        )
+
+    @classmethod
+    def coerce(cls, batch: object) -> PackedBatch:
+        """``batch`` itself, or the batch its :meth:`encode` array (or bytes of it) describes;
+        ``ValueError`` for anything else."""
+        if isinstance(batch, PackedBatch):
+            return batch
+        if isinstance(batch, (bytes, bytearray, memoryview)):
+            batch = np.frombuffer(batch, dtype=np.int64)
+        array = np.asarray(batch)
+        if array.ndim != 1 or array.size < _PACK_HEADER or array[0] != PACK_MAGIC:
+            raise ValueError(
+                "expected a packed batch (what PackedBatchSampler yields); got "
+                f"{type(batch).__name__} {array.ravel()[:8].tolist()!r}: use a packing sampler "
+                "with a packing collate and dataset (fastload.DataLoader(pack_length=...))"
+            )
+        seq_len, rows, pieces = (int(v) for v in array[1:_PACK_HEADER])
+        if seq_len < 1 or rows < 0 or pieces < 0 or array.size != _PACK_HEADER + rows + 1 + 3 * pieces:
+            raise ValueError(f"packed batch header {array[:_PACK_HEADER].tolist()} does not fit its {array.size} values")
+        body = array[_PACK_HEADER:].astype(np.int64, copy=False)
+        offsets = body[: rows + 1]
+        columns = body[rows + 1 :].reshape(3, pieces)
+        return cls(columns[0], columns[1], columns[2], offsets, seq_len)
