@@ -21,6 +21,7 @@ from fastload._sampling import (
     BatchSizeWarmup,
     LengthGroupedBatchSampler,
     MixtureBatchSampler,
+    PackedBatchSampler,
     WeightedLengthGroupedSampler,
 )
 from fastload._types import Field, Ragged
@@ -40,6 +41,7 @@ __all__ = [
     "MemoryEstimate",
     "MicroBatch",
     "MixtureBatchSampler",
+    "PackedBatchSampler",
     "PadCollate",
     "Ragged",
     "SlotCollate",

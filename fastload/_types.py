@@ -11,9 +11,9 @@ consumes: a dict from field name to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterator
-from typing import Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -129,7 +129,7 @@ class PackedBatch:
         header = np.array([PACK_MAGIC, self.seq_len, self.rows, len(self)], dtype=np.int64)
         return np.concatenate((header, self.row_offsets, self.samples, self.starts, self.stops))
 
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         encoded = self.encode()
         return encoded if dtype is None else encoded.astype(dtype)
 

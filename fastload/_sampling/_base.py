@@ -1,22 +1,17 @@
-"""The stateful shell shared by the length-grouped samplers: epochs, ranks, ``len``, iteration
-and exact resume.
-
-It is thin over pure functions: ``_plan.plan_epoch`` builds an epoch's global batches,
-``_shard`` deals them to ranks, a ``Cursor`` records how far the epoch has gone and ``_state``
-turns it into a plain dict. The samplers differ only in which samples form an epoch.
+"""What the length-grouped samplers share: their options, the oversize policy, the sort-key
+codec and the epoch plan (``_plan.plan_epoch``, then the warm-up's recut), on the shell of
+``_stream.py`` (epochs, ranks, ``len``, iteration, exact resume). The samplers differ only in
+which samples form an epoch.
 """
 
 from __future__ import annotations
 
 import abc
 import zlib
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import torch.distributed
-from torch.utils.data import Sampler
 
 from fastload._sampling._keys import LengthCodec, bit_width
 from fastload._sampling._options import (
@@ -24,54 +19,15 @@ from fastload._sampling._options import (
     BatchingOptions,
     as_lengths,
     check_choice,
-    check_int,
-    check_optional_int,
     round_up,
 )
 from fastload._sampling._plan import EpochPlan, plan_epoch
 from fastload._sampling._schedule import BatchSizeWarmup, warmup_recut
-from fastload._sampling._shard import Cursor, per_rank_count, rank_positions
-from fastload._sampling._state import dump_state, load_state
+from fastload._sampling._stream import PlannedBatchSampler
 from fastload.errors import OversizeSampleError
 
 
-def default_world() -> tuple[int, int]:
-    """``(world size, rank)`` of the initialised default process group, else ``(1, 0)``."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(), torch.distributed.get_rank()
-    return 1, 0
-
-
-class _RankIterator:
-    """Yields one rank's remaining batches of a plan and counts them (for ``state_dict``)."""
-
-    def __init__(
-        self, plan: EpochPlan, positions: npt.NDArray[np.int64], *, as_lists: bool
-    ) -> None:
-        self._plan = plan
-        self._positions = positions.tolist()
-        self._as_lists = as_lists
-        self.yielded = 0
-
-    def __iter__(self) -> _RankIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._positions) - self.yielded
-
-    @property
-    def total(self) -> int:
-        return len(self._positions)
-
-    def __next__(self) -> Any:
-        if self.yielded >= len(self._positions):
-            raise StopIteration
-        batch = self._plan.batch(self._positions[self.yielded])
-        self.yielded += 1
-        return batch.tolist() if self._as_lists else batch
-
-
-class GroupedBatchSamplerBase(Sampler[list[int]], abc.ABC):
+class GroupedBatchSamplerBase(PlannedBatchSampler):
     """Epochs, ranks, ``len``, iteration and exact resume, for any population of samples.
 
     Subclasses say which samples form an epoch (``_epoch_population``), how many there are
@@ -95,7 +51,7 @@ class GroupedBatchSamplerBase(Sampler[list[int]], abc.ABC):
         window: int | None,
         warmup: BatchSizeWarmup | None,
     ) -> None:
-        super().__init__()
+        super().__init__(seed=seed, num_replicas=num_replicas, rank=rank, drop_last=drop_last)
         self._options = BatchingOptions.create(
             batch_size=batch_size,
             max_tokens=max_tokens,
@@ -105,20 +61,13 @@ class GroupedBatchSamplerBase(Sampler[list[int]], abc.ABC):
             drop_last=drop_last,
             longest_first=longest_first,
         )
-        self._seed = check_int("seed", seed, minimum=0)
         self._oversize = check_choice("oversize", oversize, OVERSIZE_POLICIES)
-        self._num_replicas, self._rank = _resolve_world(num_replicas, rank)
         self._warmup = _check_warmup(warmup, self._options)
         self._lengths = as_lengths("lengths", lengths)
         self._padded, self._kept = self._apply_oversize_policy()
         self._codec_cache: tuple[LengthCodec, float] | None = None
         self._lengths_checksum: int | None = None
         self._plan_cache: tuple[tuple[int, int, int], EpochPlan] | None = None
-        self._warmup_steps: dict[tuple[int, int, int], int] = {}  # per-rank steps of epochs
-        self._epoch = 0
-        self._pending: Cursor | None = None  # set by load_state_dict, used by the next __iter__
-        self._current = Cursor.fresh(0, self._num_replicas)  # where the latest stream began
-        self._iterator: _RankIterator | None = None  # the latest stream
 
     # -- what subclasses provide -------------------------------------------------------------
 
@@ -154,22 +103,6 @@ class GroupedBatchSamplerBase(Sampler[list[int]], abc.ABC):
         return self._lengths
 
     @property
-    def epoch(self) -> int:
-        return self._epoch
-
-    @property
-    def seed(self) -> int:
-        return self._seed
-
-    @property
-    def num_replicas(self) -> int:
-        return self._num_replicas
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
     def batch_size(self) -> int | None:
         return self._options.batch_size
 
@@ -195,106 +128,6 @@ class GroupedBatchSamplerBase(Sampler[list[int]], abc.ABC):
             return None
         multiple = self._options.pad_to_multiple_of
         return self._options.max_tokens // multiple * multiple
-
-    # -- epochs and iteration ----------------------------------------------------------------
-
-    def set_epoch(self, epoch: int) -> None:
-        """Plan ``epoch`` next. A resume point loaded for this same epoch is kept, so the usual
-        ``load_state_dict`` then ``set_epoch(saved epoch)`` resumes where the run stopped."""
-        epoch = check_int("epoch", epoch, minimum=0)
-        if self._pending is not None and self._pending.epoch == epoch:
-            return
-        self._pending = None
-        self._epoch = epoch
-        self._current = Cursor.fresh(epoch, self._num_replicas)
-        self._iterator = None
-
-    def __len__(self) -> int:
-        """Batches this rank's ``iter()`` yields: the epoch's count, or after ``load_state_dict``
-        the count left in the resumed epoch (until an iteration restarts the epoch)."""
-        cursor = self._pending if self._pending is not None else self._current
-        plan = self._plan(cursor.epoch, cursor.plan_replicas)
-        total = per_rank_count(
-            plan.num_batches, cursor.start, cursor.replicas, drop_last=self._options.drop_last
-        )
-        return total - cursor.consumed
-
-    def __iter__(self) -> Iterator[list[int]]:
-        """This rank's batches of the current epoch as lists of ints (from the resume point
-        after ``load_state_dict``)."""
-        return self._start(as_lists=True)
-
-    def iter_arrays(self) -> Iterator[npt.NDArray[np.int64]]:
-        """Like ``iter()``, but each batch is a read-only int64 array (no Python ints made),
-        for the engine's fast path. Counts towards ``state_dict`` the same way."""
-        return self._start(as_lists=False)
-
-    def _start(self, *, as_lists: bool) -> _RankIterator:
-        if self._pending is not None:
-            cursor, self._pending = self._pending, None
-        else:
-            cursor = Cursor.fresh(self._epoch, self._num_replicas)
-        plan = self._plan(cursor.epoch, cursor.plan_replicas)
-        positions = rank_positions(
-            plan.num_batches, cursor, self._rank, drop_last=self._options.drop_last
-        )
-        self._current = cursor
-        self._iterator = _RankIterator(plan, positions, as_lists=as_lists)
-        return self._iterator
-
-    # -- exact resume --------------------------------------------------------------------------
-
-    def state_dict(self, *, batches_consumed: int | None = None) -> dict[str, Any]:
-        """A JSON-able snapshot from which ``load_state_dict`` resumes exactly.
-
-        ``batches_consumed`` is how many batches of the latest ``iter()`` the consumer has
-        received; it defaults to how many that iterator has yielded. A loader that prefetches
-        passes the number it delivered, so prefetched batches are not counted as seen. The same
-        state is valid on every rank (all DDP ranks consume the same number of batches).
-        """
-        if self._pending is None and self._iterator is not None:
-            base, available, yielded = self._current, self._iterator.total, self._iterator.yielded
-        else:  # nothing iterated since construction, set_epoch or load_state_dict
-            base = self._pending if self._pending is not None else self._current
-            available, yielded = len(self), 0
-        consumed = (
-            yielded
-            if batches_consumed is None
-            else check_int("batches_consumed", batches_consumed, minimum=0)
-        )
-        if consumed > available:
-            raise ValueError(
-                f"batches_consumed={consumed} exceeds the {available} batches this rank's "
-                f"iteration of epoch {base.epoch} yields"
-            )
-        return dump_state(base.advanced(consumed), seed=self._seed, identity=self._identity())
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next ``iter()`` continue the saved epoch exactly where it stopped; later
-        epochs (``set_epoch``) proceed normally. The seed is taken from ``state``.
-
-        A state saved on another number of ranks is re-dealt: the global batches no rank had
-        consumed are spread over this world size with equal counts, so the rest of the epoch
-        covers exactly the unseen samples once (plus the documented padding).
-        """
-        seed, saved = load_state(state, identity=self._identity())
-        previous_seed, self._seed = self._seed, seed
-        plan = self._plan(saved.epoch, saved.plan_replicas)
-        drop_last = self._options.drop_last
-        available = per_rank_count(
-            plan.num_batches, saved.start, saved.replicas, drop_last=drop_last
-        )
-        if saved.start > plan.num_batches or saved.consumed > available:
-            self._seed = previous_seed  # leave the sampler as it was
-            raise ValueError(
-                f"sampler state says {saved.consumed} batches of epoch {saved.epoch} were consumed "
-                f"from global batch {saved.start} on, but that epoch has {plan.num_batches} "
-                f"batches, {available} per rank from there"
-            )
-        self._epoch = saved.epoch
-        self._pending = saved.redealt(plan.num_batches, self._num_replicas)
-        self._current = self._pending
-        self._iterator = None
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -370,38 +203,12 @@ class GroupedBatchSamplerBase(Sampler[list[int]], abc.ABC):
             plan = warmup_recut(
                 plan,
                 self._warmup,
-                first_step=self._warmup_first_step(epoch, plan_replicas),
+                first_step=self._steps_before(epoch, plan_replicas, enough=self._warmup.steps),
                 replicas=plan_replicas,
                 by_tokens=self._options.max_tokens is not None,
             )
         self._plan_cache = (key, plan)
         return plan
-
-    def _warmup_first_step(self, epoch: int, plan_replicas: int) -> int:
-        """Steps (per rank) of the epochs before ``epoch``, as far as the warm-up needs to know:
-        once they reach the warm-up's length, the exact number no longer matters."""
-        assert self._warmup is not None
-        steps = 0
-        for earlier in range(epoch):
-            if steps >= self._warmup.steps:
-                break
-            key = (self._seed, earlier, plan_replicas)
-            if key not in self._warmup_steps:
-                plan = self._plan(earlier, plan_replicas)
-                self._warmup_steps[key] = per_rank_count(
-                    plan.num_batches, 0, plan_replicas, drop_last=self._options.drop_last
-                )
-            steps += self._warmup_steps[key]
-        return steps
-
-
-def _resolve_world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
-    world, own_rank = default_world()
-    replicas = check_optional_int("num_replicas", num_replicas, minimum=1) or world
-    chosen = own_rank if rank is None else check_int("rank", rank, minimum=0)
-    if chosen >= replicas:
-        raise ValueError(f"rank must be < num_replicas={replicas}; got rank={chosen}")
-    return replicas, chosen
 
 
 def _check_warmup(

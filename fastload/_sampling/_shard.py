@@ -5,7 +5,8 @@ ranks: position ``start + j * replicas + rank`` is rank ``rank``'s ``j``-th batc
 the same count, because DDP hangs when one rank runs out of batches before the others:
 
 * by default the tail is **padded** by repeating the deal's first batches (``start``,
-  ``start + 1``, ...), so a few samples are seen twice in that epoch;
+  ``start + 1``, ...), so a few samples are seen twice in that epoch; a plan with padding
+  batches of its own (packing: rows of padding only) takes positions past its end instead;
 * with ``drop_last`` the last ``(num_batches - start) % replicas`` batches are **dropped**.
 
 Resuming with the same world size continues the same deal. Resuming with another world size
@@ -61,13 +62,15 @@ def per_rank_count(num_batches: int, start: int, replicas: int, *, drop_last: bo
 
 
 def rank_positions(
-    num_batches: int, cursor: Cursor, rank: int, *, drop_last: bool
+    num_batches: int, cursor: Cursor, rank: int, *, drop_last: bool, wrap: bool = True
 ) -> npt.NDArray[np.int64]:
-    """Global plan positions of the batches rank ``rank`` still has to consume, in order."""
+    """Global plan positions of the batches rank ``rank`` still has to consume, in order.
+    Without ``wrap``, the padding of the last round is positions past the plan's end (the plan's
+    own padding batches) instead of the deal's first batches again."""
     count = per_rank_count(num_batches, cursor.start, cursor.replicas, drop_last=drop_last)
     steps = np.arange(cursor.consumed, count, dtype=np.int64)
     offsets = steps * cursor.replicas + rank  # offsets into the deal
     remaining = num_batches - cursor.start
-    if remaining > 0:
+    if wrap and remaining > 0:
         offsets %= remaining  # padding wraps around to the deal's first batches
     return cursor.start + offsets
