@@ -11,8 +11,8 @@ consumes: a dict from field name to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -129,7 +129,7 @@ class PackedBatch:
         header = np.array([PACK_MAGIC, self.seq_len, self.rows, len(self)], dtype=np.int64)
         return np.concatenate((header, self.row_offsets, self.samples, self.starts, self.stops))
 
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: object = None) -> np.ndarray:
         encoded = self.encode()
         return encoded if dtype is None else encoded.astype(dtype)
 
