@@ -1,0 +1,469 @@
+"""``PackCollate``: several documents per fixed-length row (sequence packing), with the arrays
+that keep them apart in attention (document ids, ``cu_seqlens``) and in the loss (labels).
+
+It packs exactly as a :class:`~fastload._collate._pack_source.PackedColumns` batch's plan says
+(what ``PackedSource`` reads for a ``PackedBatchSampler``), or a plain batch in order,
+next-fit. Like ``PadCollate`` the work is split for the engine's zero-copy path: ``prepare``
+plans a batch (its ``layout``, ``counts`` and a ``fill(out)`` into arrays made from the layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from fastload._collate._checks import (
+    Scalar,
+    batch_size,
+    check_pad_value,
+    check_representable,
+    names,
+    numpy_dtype,
+    optional_positive,
+)
+from fastload._collate._columnar import samples_to_columnar
+from fastload._collate._pack_plan import PieceColumns, check_plan, next_fit, piece_columns
+from fastload._collate._pack_source import PackedColumns
+from fastload._protocols import Layout
+from fastload._types import Column, Counts, Field, PackedBatch, Ragged, Spans
+from fastload.errors import DataFormatError, FieldNotFoundError
+
+POSITIONS, LABELS, DOCUMENTS = "position_ids", "labels", "document_ids"
+CU_SEQLENS, MAX_SEQLEN = "cu_seqlens", "max_seqlen"
+GENERATED = (POSITIONS, LABELS, DOCUMENTS, CU_SEQLENS, MAX_SEQLEN)
+
+_INT64, _INT32 = np.dtype(np.int64), np.dtype(np.int32)
+
+#: What the schema needs of a field: its kind, stored dtype and element (or value) shape.
+_Described = tuple[str, np.dtype | None, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """What ``PackCollate`` decided once for batches of one shape of fields: the primary
+    field, and the output dtype and pad value of each ragged and fixed field."""
+
+    primary: str
+    ragged: tuple[tuple[str, np.dtype, Scalar], ...]
+    fixed: tuple[tuple[str, Scalar], ...]
+
+
+class PackCollate:
+    """Packs the pieces of a batch's documents into ``rows`` rows of ``seq_len`` tokens each.
+
+    Returns a dict of tensors, ``B`` rows of ``L = seq_len`` tokens:
+
+    * each ragged field as ``[B, L, *element shape]``: each row's pieces back to back from
+      column 0, then ``pad_value``. The *primary* field (``primary``, else the first ragged
+      field: the token ids) is written in ``dtype``; every other ragged field (a ``loss_mask``)
+      keeps its stored dtype and is cut at the same tokens, so it must have the same lengths;
+    * ``position_ids`` int64 ``[B, L]``: 0, 1, 2, … restarting at every piece and at the row's
+      padding;
+    * ``labels`` int64 ``[B, L]``: the primary field's values, ``label_pad`` on the padding and
+      on the first token of every piece (no document learns to predict the next one's start);
+    * ``document_ids`` int32 ``[B, L]``: the pieces of each row numbered 0, 1, 2, … in row
+      order, the row's padding the next number (monotone in a row, as Mamba's ``seq_idx``
+      wants; a flex-attention mask compares ids within a row);
+    * ``cu_seqlens`` int32 ``[segments + 1]``: the segment boundaries over the flattened
+      ``[B * L]`` tokens, from 0 to ``B * L``: every piece is a segment, and so is each row's
+      padding (an empty row is one segment of ``L``), so every row start is a boundary;
+    * ``max_seqlen``: a 0-d int64 array, the longest segment (flash-attention's varlen
+      functions take ``int(batch["max_seqlen"])``; an array, so that it travels in shared
+      memory with the rest);
+    * each fixed field (shape ``S`` per sample) as ``[B, L, *S]``, each token carrying its
+      document's value, the padding ``pad_value``; object fields as a list of one value per
+      piece, in piece order.
+
+    What it packs:
+
+    * a :class:`~fastload._collate._pack_source.PackedColumns` batch (``PackedSource``'s read of
+      a ``PackedBatchSampler``'s batch) exactly as its plan says; a plan of another
+      ``seq_len``, or of other than ``rows`` rows where ``rows`` is given, is refused;
+    * a plain columnar batch or a list of sample dicts (as ``PadCollate`` takes them, so this is
+      a ``collate_fn`` for torch's DataLoader too) in order, next-fit: each sample cut into
+      pieces of at most ``seq_len`` tokens, each piece put in the current row if it fits, else
+      in a new one. With ``rows`` the batch has exactly that many rows (an error names the
+      tokens when they need more), else as many as it needs. Planned packing, which fills rows
+      better, comes with ``PackedBatchSampler``.
+
+    Options: ``pad_value`` is one number or a mapping from field name to number (fields not in
+    it: 0), for ragged and fixed fields; ``label_pad`` is the label of padding and of each
+    piece's first token (-100: what torch's cross entropy ignores). ``dtype`` is the output
+    dtype of the primary field (int64: token ids as an embedding takes them); its stored values
+    must cast to it without changing kind. ``fields`` selects the fields to output (default:
+    all); no field may bear a generated array's name. ``ragged`` names the ragged fields of a
+    list of sample dicts, or is a dataset's ``fields`` (see ``PadCollate``).
+    """
+
+    def __init__(
+        self,
+        seq_len: int,
+        *,
+        rows: int | None = None,
+        pad_value: Scalar | Mapping[str, Scalar] = 0,
+        label_pad: int = -100,
+        primary: str | None = None,
+        fields: Sequence[str] | None = None,
+        dtype: torch.dtype = torch.int64,
+        ragged: Collection[str] | Mapping[str, Field] | None = None,
+    ) -> None:
+        checked_len = optional_positive("seq_len", seq_len)
+        if checked_len is None:
+            raise ValueError("seq_len must be an integer >= 1; got None")
+        self._seq_len = checked_len
+        self._rows = optional_positive("rows", rows)
+        if self._rows is not None and self._rows * self._seq_len > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"rows * seq_len = {self._rows * self._seq_len} tokens do not fit cu_seqlens' "
+                "int32; use fewer rows or a shorter seq_len"
+            )
+        if isinstance(pad_value, Mapping):
+            self._pad_values = {
+                str(name): check_pad_value(f"pad_value[{name!r}]", value)
+                for name, value in pad_value.items()
+            }
+            self._pad_default: Scalar = 0
+        else:
+            self._pad_values = {}
+            self._pad_default = check_pad_value("pad_value", pad_value)
+        if isinstance(label_pad, bool) or not isinstance(label_pad, (int, np.integer)):
+            raise TypeError(f"label_pad must be an integer (an int64 label); got {label_pad!r}")
+        check_representable(LABELS, int(label_pad), _INT64)
+        self._label_pad = int(label_pad)
+        if primary is not None and not isinstance(primary, str):
+            raise TypeError(f"primary must be a field name or None; got {primary!r}")
+        self._primary = primary
+        self._fields = None if fields is None else names("fields", fields)
+        self._dtype = numpy_dtype("dtype", dtype)
+        if isinstance(ragged, Mapping):  # a dataset's ``fields``: name -> Field
+            ragged = [name for name, field in ragged.items() if field.kind == "ragged"]
+        self._ragged = None if ragged is None else frozenset(names("ragged", ragged))
+        self._schemas: dict[tuple[tuple[str, str, np.dtype | None, tuple[int, ...]], ...], _Schema] = {}
+        self._arange = np.arange(0, dtype=np.int64)  # grown as batches need; never written
+
+    @property
+    def seq_len(self) -> int:
+        return self._seq_len
+
+    @property
+    def rows(self) -> int | None:
+        return self._rows
+
+    #: The output is a function of the columnar batch alone (``fastload._protocols``). A
+    #: subclass may compute otherwise: it says so itself (see ``__init_subclass__``).
+    process_independent = True
+
+    #: Ragged columns may come as ``Spans`` left in a reader's map (``fastload._protocols``).
+    takes_spans = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "process_independent" not in vars(cls):
+            cls.process_independent = False
+
+    # -- the engine's interface ----------------------------------------------------------------
+
+    def prepare(self, batch: Mapping[str, Any]) -> _Packed:
+        """The batch planned once: its ``layout``, a ``fill(out)`` that fills arrays made from
+        it, and its ``counts`` (``fastload._protocols.PreparedBatch``)."""
+        columns, plan, lengths = self._pieces(batch)
+        schema = self._schema({name: _describe(column) for name, column in columns.items()})
+        return _Packed(self, columns, schema, plan, lengths)
+
+    def layout(self, batch: Mapping[str, Any]) -> Layout:
+        """Name → (shape, numpy dtype) of each array ``collate_into(batch, ...)`` writes: the
+        fields in the batch's order, then the generated arrays; object fields are not
+        arrays and not listed."""
+        return self.prepare(batch).layout
+
+    def collate_into(self, batch: Mapping[str, Any], out: Mapping[str, np.ndarray]) -> None:
+        """Write the packed batch into ``out``, whose arrays must match ``layout(batch)``
+        exactly (names, shapes, dtypes, C order); object fields are not written."""
+        self.prepare(batch).write(out)
+
+    def max_layout(self, reader: Any) -> Layout | None:
+        """The largest layout a batch of ``reader`` can have, for sizing the shared-memory
+        slots: ``rows`` (else the reader's ``pack_rows``) rows of each non-object field of its
+        ``fields``, and ``cu_seqlens`` for the most segments a batch can have (``B * L``);
+        ``None`` where the rows or the fields are not known."""
+        rows = self._rows if self._rows is not None else getattr(reader, "pack_rows", None)
+        fields: Mapping[str, Field] | None = getattr(reader, "fields", None)
+        if rows is None or fields is None:
+            return None
+        selected = fields if self._fields is None else {n: fields[n] for n in self._fields if n in fields}
+        described = {name: (f.kind, f.dtype, f.shape) for name, f in selected.items()}
+        schema = self._schema(described)
+        return _layout(schema, described, int(rows), self._seq_len, int(rows) * self._seq_len)
+
+    def __call__(self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Pack a batch (see the class text) into a dict of tensors (and lists for object
+        fields)."""
+        prepared = self.prepare(batch if isinstance(batch, Mapping) else self._columnar(batch))
+        arrays = {
+            name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
+        }
+        prepared.fill(arrays)
+        result: dict[str, Any] = {}
+        for name, column in prepared.columns.items():  # the batch's field order
+            result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
+        for name in GENERATED:
+            result[name] = torch.from_numpy(arrays[name])
+        return result
+
+    # -- planning one batch --------------------------------------------------------------------
+
+    def _columnar(self, samples: Sequence[Mapping[str, Any]]) -> Mapping[str, Column]:
+        return samples_to_columnar(samples, ragged=self._ragged)
+
+    def _select(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        if self._fields is None:
+            return dict(batch)
+        missing = [name for name in self._fields if name not in batch]
+        if missing:
+            raise FieldNotFoundError(
+                f"PackCollate(fields=...) names {missing}, which the batch lacks; it has "
+                f"{sorted(batch)}"
+            )
+        return {name: batch[name] for name in self._fields}
+
+    def _pieces(
+        self, batch: Mapping[str, Any]
+    ) -> tuple[PieceColumns, PackedBatch, npt.NDArray[np.int64]]:
+        """The batch's selected fields per piece, its plan, and each piece's length."""
+        columns = self._select(batch)
+        if isinstance(batch, PackedColumns):
+            plan = batch.plan
+            lengths = check_plan(plan, self._seq_len, "PackCollate")
+            if self._rows is not None and plan.rows != self._rows:
+                raise ValueError(
+                    f"PackCollate(rows={self._rows}) was handed a packed batch of {plan.rows} "
+                    "rows: give the sampler and the collate the same rows"
+                )
+            if columns and batch_size(columns) != lengths.size:
+                raise DataFormatError(
+                    f"the packed batch has {lengths.size} pieces but its columns "
+                    f"{batch_size(columns)} entries"
+                )
+            for name, column in columns.items():
+                if isinstance(column, (Ragged, Spans)) and not np.array_equal(column.lengths, lengths):
+                    raise DataFormatError(
+                        f"ragged field {name!r} of the packed batch does not hold its pieces' "
+                        f"lengths {lengths[:16].tolist()}; got {column.lengths[:16].tolist()}"
+                    )
+                if isinstance(column, Ragged):  # pieces back to back: spans over them
+                    begins = np.concatenate(([0], np.cumsum(lengths)))[:-1]
+                    columns[name] = Spans(column.values, begins, lengths)
+            return columns, plan, lengths
+        if not columns:
+            raise ValueError("PackCollate needs a batch with a ragged field to pack; got none")
+        primary = self._schema({name: _describe(c) for name, c in columns.items()}).primary
+        sample_lengths = np.asarray(columns[primary].lengths, dtype=np.int64)
+        for name, column in columns.items():
+            if isinstance(column, (Ragged, Spans)) and not np.array_equal(column.lengths, sample_lengths):
+                odd = int(np.flatnonzero(np.asarray(column.lengths) != sample_lengths)[0])
+                raise DataFormatError(
+                    f"sample {odd} of the batch has {int(column.lengths[odd])} elements of "
+                    f"{name!r} but {int(sample_lengths[odd])} of {primary!r}: packing cuts every "
+                    "ragged field at the same tokens, so they need the same lengths"
+                )
+        plan = next_fit(sample_lengths, self._seq_len, self._rows)
+        lengths = plan.stops - plan.starts
+        return piece_columns(columns, plan.samples, plan.starts, plan.stops), plan, lengths
+
+    def _schema(self, described: Mapping[str, _Described]) -> _Schema:
+        signature = tuple((name, *d) for name, d in described.items())
+        schema = self._schemas.get(signature)
+        if schema is None:
+            schema = self._schemas[signature] = self._decide(described)
+        return schema
+
+    def _decide(self, described: Mapping[str, _Described]) -> _Schema:
+        """The per-field decisions for fields described so, checked once."""
+        ragged_names = [name for name, (kind, _, _) in described.items() if kind == "ragged"]
+        primary = self._primary
+        if primary is None:
+            if not ragged_names:
+                raise FieldNotFoundError(
+                    f"PackCollate packs a ragged field (token ids); the batch's fields "
+                    f"{list(described)} have none"
+                )
+            primary = ragged_names[0]
+        elif primary not in ragged_names:
+            raise FieldNotFoundError(
+                f"PackCollate(primary={primary!r}) is not a ragged field of the batch; its ragged "
+                f"fields are {ragged_names}"
+            )
+        clashes = sorted(set(GENERATED) & set(described))
+        if clashes:
+            raise ValueError(
+                f"the batch has fields named {clashes}, which PackCollate generates itself; leave "
+                "them out with fields=[...]"
+            )
+        _, stored, shape = described[primary]
+        assert stored is not None
+        if shape != () or stored.kind not in "iu":
+            raise ValueError(
+                f"the primary field {primary!r} holds {stored} elements of shape {shape}, but "
+                "labels need one integer token id per element: name the token-id field with "
+                "primary=..."
+            )
+        ragged, fixed = [], []
+        for name, (kind, dtype, _) in described.items():
+            pad = self._pad_values.get(name, self._pad_default)
+            if kind == "ragged":
+                assert dtype is not None
+                out = self._dtype if name == primary else dtype
+                if not np.can_cast(dtype, out, casting="same_kind"):
+                    raise ValueError(
+                        f"field {name!r} holds {dtype}, which dtype={out} cannot hold without "
+                        "changing kind (e.g. float to int); pick a dtype of the same kind"
+                    )
+                check_representable(name, pad, out)
+                ragged.append((name, out, pad))
+            elif kind == "fixed":
+                assert dtype is not None
+                check_representable(name, pad, dtype)
+                fixed.append((name, pad))
+        return _Schema(primary, tuple(ragged), tuple(fixed))
+
+    def _positions(self, size: int) -> npt.NDArray[np.int64]:
+        """``arange(size)`` as a view of a cached array (never written)."""
+        if self._arange.size < size:
+            self._arange = np.arange(size, dtype=np.int64)
+            self._arange.flags.writeable = False
+        return self._arange[:size]
+
+
+def _describe(column: Column | Spans) -> _Described:
+    if isinstance(column, Spans):
+        return "ragged", column.source.dtype, column.source.shape[1:]
+    if isinstance(column, Ragged):
+        return "ragged", column.values.dtype, column.values.shape[1:]
+    if isinstance(column, np.ndarray):
+        return "fixed", column.dtype, column.shape[1:]
+    return "object", None, ()
+
+
+def _layout(
+    schema: _Schema, described: Mapping[str, _Described], rows: int, seq_len: int, segments: int
+) -> Layout:
+    out_dtypes = {name: dtype for name, dtype, _ in schema.ragged}
+    layout: Layout = {}
+    for name, (kind, dtype, shape) in described.items():
+        if kind != "object":
+            assert dtype is not None
+            layout[name] = ((rows, seq_len, *shape), out_dtypes.get(name, dtype))
+    layout[POSITIONS] = ((rows, seq_len), _INT64)
+    layout[LABELS] = ((rows, seq_len), _INT64)
+    layout[DOCUMENTS] = ((rows, seq_len), _INT32)
+    layout[CU_SEQLENS] = ((segments + 1,), _INT32)
+    layout[MAX_SEQLEN] = ((), _INT64)
+    return layout
+
+
+class _Packed:
+    """One batch as ``PackCollate`` planned it: its pieces, where each lands, its segments
+    (every piece, and each row's padding run) and the arrays it needs."""
+
+    def __init__(
+        self,
+        collate: PackCollate,
+        columns: PieceColumns,
+        schema: _Schema,
+        plan: PackedBatch,
+        lengths: npt.NDArray[np.int64],
+    ) -> None:
+        self.collate = collate
+        self.columns = columns
+        self.schema = schema
+        rows, seq_len = plan.rows, collate.seq_len
+        if rows * seq_len > np.iinfo(np.int32).max:
+            raise ValueError(f"{rows} rows of {seq_len} tokens do not fit cu_seqlens' int32")
+        self.rows, self.seq_len, self.lengths = rows, seq_len, lengths
+        offsets = plan.row_offsets
+        pieces = lengths.size
+        per_row = np.diff(offsets)
+        row = np.repeat(np.arange(rows, dtype=np.int64), per_row)
+        self.ends = ends = np.concatenate(([0], np.cumsum(lengths)))
+        self.used = used = ends[offsets[1:]] - ends[offsets[:-1]]
+        # Each piece's first token in the flattened [B * L] batch.
+        self.first = row * seq_len + ends[:-1] - ends[offsets[:-1]][row]
+        # The segments in flat order: row r's pieces, then its padding (dropped where empty).
+        piece_at = np.arange(pieces, dtype=np.int64) + row
+        padding_at = offsets[1:] + np.arange(rows, dtype=np.int64)
+        seg_len = np.empty(pieces + rows, np.int64)
+        seg_len[piece_at], seg_len[padding_at] = lengths, seq_len - used
+        seg_doc = np.empty(pieces + rows, np.int32)
+        seg_doc[piece_at], seg_doc[padding_at] = np.arange(pieces) - offsets[:-1][row], per_row
+        seg_piece = np.empty(pieces + rows, np.int64)  # the pad value's row (pieces) for padding
+        seg_piece[piece_at], seg_piece[padding_at] = np.arange(pieces), pieces
+        kept = seg_len > 0
+        self.seg_len, self.seg_doc, self.seg_piece = seg_len[kept], seg_doc[kept], seg_piece[kept]
+        self.cu = np.concatenate(([0], np.cumsum(self.seg_len)))
+        described = {name: _describe(column) for name, column in columns.items()}
+        self.layout = _layout(schema, described, rows, seq_len, self.seg_len.size)
+
+    @property
+    def counts(self) -> Counts:
+        """Rows, real tokens (the pieces') and padded tokens (``rows * seq_len``)."""
+        return Counts(self.rows, int(self.ends[-1]), self.rows * self.seq_len)
+
+    def write(self, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out``, whose arrays must match :attr:`layout` exactly (checked)."""
+        expected = self.layout
+        if set(out) != set(expected):
+            raise ValueError(f"collate_into needs arrays {sorted(expected)}; got {sorted(out)}")
+        for name, (shape, dtype) in expected.items():
+            array = out[name]
+            if array.shape != shape or array.dtype != dtype or not array.flags.c_contiguous:
+                raise ValueError(
+                    f"collate_into: array {name!r} must be C-contiguous with shape {shape} and "
+                    f"dtype {dtype}; got {array.shape} {array.dtype}"
+                    f"{'' if array.flags.c_contiguous else ', not C-contiguous'}"
+                )
+        self.fill(out)
+
+    def fill(self, out: Mapping[str, np.ndarray]) -> None:
+        """:meth:`write` without checking ``out`` (arrays made from :attr:`layout`)."""
+        rows, seq_len, lengths = self.rows, self.seq_len, self.lengths
+        tokens = int(self.ends[-1])
+        arange = self.collate._positions(rows * seq_len)
+        # Real tokens fill each row's head: a boolean scatter writes them in row order.
+        real = self.collate._positions(seq_len) < self.used[:, None]
+        # Each token's offset within its piece: its flat index less its piece's start.
+        within = arange[:tokens] - np.repeat(self.ends[:-1], lengths)
+        primary: np.ndarray | None = None
+        for name, _, pad in self.schema.ragged:
+            column = self.columns[name]
+            assert isinstance(column, Spans)
+            values = column.source[np.repeat(column.starts, lengths) + within]
+            target = out[name]
+            target.fill(pad)
+            target[real] = values
+            if name == self.schema.primary:
+                primary = values
+        assert primary is not None
+        labels = out[LABELS]
+        labels.fill(self.collate._label_pad)
+        labels[real] = primary
+        np.put(labels, self.first, self.collate._label_pad)
+        seg_len = self.seg_len
+        np.subtract(arange, np.repeat(self.cu[:-1], seg_len), out=out[POSITIONS].reshape(-1))
+        out[DOCUMENTS].reshape(-1)[...] = np.repeat(self.seg_doc, seg_len)
+        if self.schema.fixed:
+            source = np.repeat(self.seg_piece, seg_len)
+            for name, pad in self.schema.fixed:
+                column = self.columns[name]
+                assert isinstance(column, np.ndarray)
+                padded = np.concatenate((column, np.full((1, *column.shape[1:]), pad, column.dtype)))
+                np.take(padded, source, axis=0, out=out[name].reshape(rows * seq_len, *column.shape[1:]))
+        out[CU_SEQLENS][...] = self.cu
+        out[MAX_SEQLEN][...] = int(seg_len.max()) if seg_len.size else 0
+
+
+__all__ = ["GENERATED", "PackCollate"]
