@@ -6,7 +6,7 @@ Everything public is re-exported here; every other module is private.
 from __future__ import annotations
 
 from fastload import errors
-from fastload._collate import MicroBatch, PadCollate, split_microbatches
+from fastload._collate import MicroBatch, PackCollate, PadCollate, split_microbatches
 from fastload._formats import ArrowDataset, HDF5Dataset
 from fastload._loader import DataLoader
 from fastload._metrics import (
@@ -41,6 +41,7 @@ __all__ = [
     "MemoryEstimate",
     "MicroBatch",
     "MixtureBatchSampler",
+    "PackCollate",
     "PackedBatchSampler",
     "PadCollate",
     "Ragged",

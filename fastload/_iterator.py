@@ -61,7 +61,7 @@ class _BaseIterator(abc.ABC):
     :meth:`_next_host` (the next batch on the host and its counts, or ``StopIteration``)."""
 
     def __init__(self, loader: DataLoader[Any]) -> None:
-        self._dataset = loader.dataset
+        self._dataset = loader._engine_dataset
         self._is_iterable = isinstance(loader.dataset, IterableDataset)
         self._auto_collation = loader._auto_collation
         self._drop_last = loader.drop_last
@@ -99,7 +99,7 @@ class _BaseIterator(abc.ABC):
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
         self._prefetcher: DevicePrefetcher | None = None
         self._fast_collate = fast_path_collate(
-            loader.dataset, loader.collate_fn, loader._auto_collation, loader.num_workers
+            self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers
         )
         # One test per batch for what most loaders never do (next() after a long step runs from
         # cold caches: each line it runs counts; benchmarks/README.md, "next() of a ready batch").
@@ -255,10 +255,12 @@ class InProcessIterator(_BaseIterator):
         )
 
     def _next_host(self) -> tuple[Any, Counts]:
-        data = self._fetcher.fetch(next(self._sampler_iter))
+        fetcher = self._fetcher
+        data = fetcher.fetch(next(self._sampler_iter))
         if self._pin:
             data = pin_tree(data)
-        return data, batch_counts(data)
+        counts = getattr(fetcher, "last_counts", None)  # the fast path's collate says
+        return data, counts if counts is not None else batch_counts(data)
 
 
 class WorkerIterator(_BaseIterator):

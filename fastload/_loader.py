@@ -52,8 +52,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ``drop_last`` and ``seed``), padded by ``PadCollate`` unless ``collate_fn`` is given.
     * ``max_tokens=N``: length-grouped batches under a token budget (padded rows × length ≤ N);
       ``batch_size``, when given too, caps the rows.
-    * ``seed``: the seed of the length-grouped plan (default 0); each ``iter()`` starts the next
-      epoch, or the one set with :meth:`set_epoch`.
+    * ``pack_length=N``: **sequence packing** — rows of ``N`` tokens, each several whole
+      documents back to back (:class:`~fastload.PackedBatchSampler`: ``batch_size`` rows per
+      batch, or ``max_tokens // N``; samples longer than ``N`` are split), collated by
+      :class:`~fastload.PackCollate` unless ``collate_fn`` is given: ``input_ids``-like fields
+      ``[rows, N]``, ``position_ids``, ``labels``, ``document_ids``, ``cu_seqlens`` and
+      ``max_seqlen``. Every batch has the same shape; ``stats()`` reports the packing
+      efficiency. A ``batch_sampler=PackedBatchSampler(...)`` of your own is read the same way.
+    * ``seed``: the seed of the length-grouped or packed plan (default 0); each ``iter()``
+      starts the next epoch, or the one set with :meth:`set_epoch`.
     * ``device="cuda"``: batches arrive on the GPU, each copied on a side stream while the
       previous one trains (pinned slots, ``non_blocking`` copies). Without CUDA, ``"cuda"``
       raises at construction; ``None`` or ``"cpu"`` keeps batches on the host.
@@ -106,6 +113,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         in_order: bool = True,
         length_grouped: bool = False,
         max_tokens: int | None = None,
+        pack_length: int | None = None,
         seed: int = 0,
         device: str | torch.device | None = None,
         max_shared_bytes: int | None = None,
@@ -117,6 +125,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             num_workers=num_workers,
             length_grouped=length_grouped,
             max_tokens=max_tokens,
+            pack_length=pack_length,
             seed=seed,
             device=device,
             max_shared_bytes=max_shared_bytes,
@@ -137,11 +146,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # after set_epoch or load_state_dict): its count is only of that epoch.
         self._counted_epoch: int | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
-        if collate_fn is None and _is_batch_reader(dataset):
+        if options.pack_length is not None:
+            batch_sampler = _packed_sampler(
+                dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, options
+            )
+            batch_size, shuffle, drop_last = 1, None, False
+        self.meter.packing = _packs(batch_sampler)
+        if collate_fn is None and _packs(batch_sampler):
+            from fastload._collate import PackCollate
+
+            collate_fn = PackCollate(batch_sampler.seq_len, rows=batch_sampler.rows)
+        elif collate_fn is None and _is_batch_reader(dataset):
             from fastload._collate import PadCollate
 
             collate_fn = PadCollate()
-        if length_grouped or max_tokens is not None:
+        if options.pack_length is None and (length_grouped or max_tokens is not None):
             batch_sampler = _length_grouped_sampler(
                 dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, seed
             )
@@ -184,6 +203,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return self._fastload_options.max_tokens
 
     @property
+    def pack_length(self) -> int | None:
+        return self._fastload_options.pack_length
+
+    @property
     def seed(self) -> int:
         return self._fastload_options.seed
 
@@ -211,6 +234,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def auto_workers(self) -> bool:
         """Whether ``num_workers="auto"`` was given (the pool is tuned while training runs)."""
         return self._fastload_options.auto_workers
+
+    @property
+    def _engine_dataset(self) -> Any:
+        """What the engine reads: the dataset, or for packed batches the dataset read by
+        packed batch (``PackedSource``), made once."""
+        source = self.__dict__.get("_packed_source")
+        if source is not None and source.dataset is self.dataset:
+            return source
+        sampler: Any = self.__dict__.get("batch_sampler")
+        if not _packs(sampler):
+            return self.dataset
+        from fastload._collate import PackedSource
+
+        source = PackedSource(self.dataset, seq_len=sampler.seq_len, rows=sampler.rows)
+        self.__dict__["_packed_source"] = source
+        return source
 
     def _get_iterator(self) -> Any:
         it: InProcessIterator | WorkerIterator
@@ -343,6 +382,51 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
 def _is_batch_reader(dataset: Any) -> bool:
     return callable(getattr(dataset, "read_batch", None)) and hasattr(dataset, "lengths")
+
+
+def _packs(batch_sampler: Any) -> bool:
+    from fastload._sampling import PackedBatchSampler
+
+    return isinstance(batch_sampler, PackedBatchSampler)
+
+
+def _packed_sampler(
+    dataset: Any,
+    batch_size: int | None,
+    shuffle: bool | None,
+    sampler: Any,
+    batch_sampler: Any,
+    drop_last: bool,
+    max_tokens: int | None,
+    options: LoaderOptions,
+) -> Any:
+    from fastload._sampling import PackedBatchSampler
+
+    if _packs(batch_sampler) and sampler is None:
+        return batch_sampler  # re-created from its own attributes (Lightning, Accelerate)
+    if sampler is not None or batch_sampler is not None:
+        raise ValueError(
+            "pack_length= builds its own batch sampler (a PackedBatchSampler); it is mutually "
+            "exclusive with sampler and batch_sampler"
+        )
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None:
+        raise ValueError(
+            "pack_length= needs the dataset's per-sample lengths (tokens) as a `lengths` array; "
+            f"{type(dataset).__name__} has no `lengths` attribute"
+        )
+    if max_tokens is None and batch_size is None:
+        raise ValueError("pack_length= needs batch_size (rows per batch) or max_tokens")
+    assert options.pack_length is not None
+    return PackedBatchSampler(
+        lengths,
+        seq_len=options.pack_length,
+        rows=batch_size if max_tokens is None else None,
+        max_tokens=max_tokens,
+        shuffle=True if shuffle is None else bool(shuffle),
+        seed=options.seed,
+        drop_last=drop_last,
+    )
 
 
 def _length_grouped_sampler(

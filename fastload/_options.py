@@ -19,6 +19,7 @@ class LoaderOptions:
 
     length_grouped: bool = False
     max_tokens: int | None = None
+    pack_length: int | None = None
     seed: int = 0
     device: torch.device | None = None  # the CUDA device batches are copied to; None: the host
     requested_device: str | torch.device | None = None  # as the user gave it
@@ -35,6 +36,7 @@ class LoaderOptions:
         num_workers: Any,
         length_grouped: Any,
         max_tokens: Any,
+        pack_length: Any,
         seed: Any,
         device: Any,
         max_shared_bytes: Any,
@@ -53,9 +55,17 @@ class LoaderOptions:
                 import tqdm  # noqa: F401
             except ImportError as exc:
                 raise ImportError("progress=True needs tqdm: pip install 'fastload[progress]'") from exc
+        grouped = _flag("length_grouped", length_grouped)
+        packed = _positive_int("pack_length", pack_length, optional=True)
+        if grouped and packed is not None:
+            raise ValueError(
+                "length_grouped=True and pack_length= are two ways to batch by length; choose "
+                "one (pack_length packs several documents per row, with no padding between them)"
+            )
         return cls(
-            length_grouped=_flag("length_grouped", length_grouped),
+            length_grouped=grouped,
             max_tokens=_positive_int("max_tokens", max_tokens, optional=True),
+            pack_length=packed,
             seed=_seed(seed),
             device=_device(device),
             requested_device=device,

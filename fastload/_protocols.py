@@ -33,6 +33,10 @@ Collate capabilities
   calls ``layout`` and ``collate_into``, and counts only the rows.
 * ``one_call_builder(reader)`` — a :class:`OneCallBuilder` for this reader's batches, or
   ``None``.
+* ``max_layout(reader)`` — the largest layout any batch of this reader can have (every array
+  at its largest), or ``None`` where the collate cannot tell from the reader alone. A collate
+  whose batches have a fixed shape (packing) says so, and the slots are sized exactly from it
+  instead of from the sampler's batch size and the longest sample.
 """
 
 from __future__ import annotations

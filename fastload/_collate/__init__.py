@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fastload._collate._microbatch import MicroBatch, split_microbatches
 from fastload._collate._pack import PackCollate
+from fastload._collate._pack_source import PackedSource
 from fastload._collate._pad import PadCollate
 
-__all__ = ["MicroBatch", "PackCollate", "PadCollate", "split_microbatches"]
+__all__ = ["MicroBatch", "PackCollate", "PackedSource", "PadCollate", "split_microbatches"]

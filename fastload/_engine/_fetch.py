@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from fastload._types import Counts
+
 
 class MapFetcher:
     """Map-style dataset: ``__getitems__`` for a whole batch when the dataset has one, else one
@@ -78,11 +80,14 @@ class ColumnarFetcher:
     def __init__(self, dataset: Any, collate: Any) -> None:
         self.dataset = dataset
         self.collate = collate
+        #: What the last batch holds, where the collate says (``prepare``'s counts).
+        self.last_counts: Counts | None = None
 
     def fetch(self, index: Any) -> dict[str, Any]:
         columnar = self.dataset.read_batch(np.asarray(index, dtype=np.int64))
         prepare = getattr(self.collate, "prepare", None)
         prepared = prepare(columnar) if prepare is not None else None
+        self.last_counts = prepared.counts if prepared is not None else None
         layout = prepared.layout if prepared is not None else self.collate.layout(columnar)
         arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in layout.items()}
         if prepared is not None:

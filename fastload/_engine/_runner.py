@@ -69,12 +69,14 @@ class RunnerOptions:
 
 def fast_path_collate(dataset: Any, collate: Any, auto_collation: bool, num_workers: int) -> Any:
     """``collate`` when the fast path applies, else ``None``: a map-style dataset that is a
-    ``BatchReader`` (``read_batch`` and ``lengths``), batches of indices, and a collate that is
+    ``BatchReader`` (``read_batch``, ``lengths`` and ``fields``), batches of indices, and a collate that is
     a ``SlotCollate`` (``layout`` and ``collate_into``); see ``fastload._protocols``."""
     if isinstance(dataset, IterableDataset) or not auto_collation:
         return None
     if not (callable(getattr(dataset, "read_batch", None)) and hasattr(dataset, "lengths")):
         return None
+    if not hasattr(dataset, "fields"):
+        return None  # the slots are sized from what the fields hold
     if not (callable(getattr(collate, "layout", None)) and callable(getattr(collate, "collate_into", None))):
         return None
     if num_workers > 0 and not os.path.isdir("/proc/self/fd"):

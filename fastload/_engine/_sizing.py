@@ -1,8 +1,8 @@
 """How large the fast path's batch slots are.
 
-Where the sampler says what its batches can hold (a ``batch_size`` or a ``max_tokens``, or a
-list of index lists), the regular slots are sized once for the largest batch it can make
-(:func:`slot_bytes_bound`). Where it does not (a user's own batch sampler), or where that bound
+Where the collate says how large its batches can be (``max_layout``: packing), or the sampler
+says what its batches can hold (a ``batch_size`` or a ``max_tokens``, or a list of index lists),
+the regular slots are sized once for the largest batch (:func:`slot_bytes_bound`). Where it does not (a user's own batch sampler), or where that bound
 would not fit in shared memory, they are sized from the batches that actually come
 (:class:`SlotSizing`): the first batch sets the size (with some headroom); a batch larger than
 the slots gets a temporary slot of its own; and when such outliers stop being rare the regular
@@ -155,13 +155,22 @@ def slot_arena(
     lengths = np.asarray(reader.lengths)
     if max_bytes is None:
         max_bytes = max(_MIN_SHARED_BYTES, (available_memory_bytes() or 4 << 30) // 4)
+    bound = _collate_bound(collate, reader)
     rows, max_tokens = _plan_rows_and_tokens(index_sampler)
-    if rows is not None or max_tokens is not None:
+    if bound is None and (rows is not None or max_tokens is not None):
         bound = slot_bytes_bound(collate, reader.fields, lengths, rows=rows, max_tokens=max_tokens)
-        if SlotArena.stride(bound) * slots <= max_bytes:  # else size from the batches that come
-            return SlotArena(slot_bytes=bound, slots=slots, max_bytes=max_bytes, pin=pin), None
+    if bound is not None and SlotArena.stride(bound) * slots <= max_bytes:
+        return SlotArena(slot_bytes=bound, slots=slots, max_bytes=max_bytes, pin=pin), None
     arena = SlotArena(slot_bytes=0, slots=slots, max_bytes=max_bytes, pin=pin)
     return arena, BatchBytes(collate, reader.fields, lengths)
+
+
+def _collate_bound(collate: Any, reader: Any) -> int | None:
+    """The bytes of the largest batch, where the collate can tell from the reader alone
+    (``max_layout``, ``fastload._protocols``)."""
+    offer = getattr(collate, "max_layout", None)
+    layout = offer(reader) if offer is not None else None
+    return None if layout is None else plan_layout(layout)[1]
 
 
 def _plan_rows_and_tokens(sampler: Any) -> tuple[int | None, int | None]:

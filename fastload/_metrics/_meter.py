@@ -27,6 +27,7 @@ Timeline of one epoch (``|`` = a ``next()`` returning a batch)::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -105,6 +106,9 @@ class StallMeter:
 
     def __init__(self, clock: Clock = time.perf_counter) -> None:
         self._clock = clock
+        #: Whether the batches are packed: the real share of their tokens is then reported as
+        #: ``packing_efficiency`` (their padded tokens are rows × seq_len).
+        self.packing = False
         # begin_wait/end_wait only log a timestamp (they run inside next(), where every
         # microsecond is stall); the log is folded into the totals when they are read.
         # Entries: a float (a begin), a tuple or a list (an end: time, samples, real and
@@ -320,7 +324,11 @@ class StallMeter:
             totals.absorb(self._earlier)
             totals.absorb(self._current)
         fields = {"epoch": self._epoch, **engine_fields}
-        return self._stats(totals, **fields).with_diagnosis()
+        stats = self._stats(totals, **fields)
+        if self.packing:
+            efficiency = stats.padding_efficiency
+            stats = dataclasses.replace(stats, padding_efficiency=None, packing_efficiency=efficiency)
+        return stats.with_diagnosis()
 
     @staticmethod
     def _stats(totals: _Totals, *, epoch: int, **engine_fields: Any) -> LoaderStats:

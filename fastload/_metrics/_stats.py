@@ -46,6 +46,8 @@ class LoaderStats:
     * ``samples_per_s``, ``batches_per_s``, ``padded_tokens_per_s``: consumed per second of
       ``wait_s + step_s`` (steady state; start-up is in ``first_batch_s``).
     * ``padding_efficiency``: real tokens / padded tokens over all batches (1.0 = no padding).
+    * ``packing_efficiency``: for packed batches, in place of ``padding_efficiency``: real
+      tokens / (rows × seq_len) over all batches. (``samples`` then counts rows.)
 
     Loader side (from the engine; defaults say "not reported"):
 
@@ -79,6 +81,7 @@ class LoaderStats:
     batches_per_s: float = 0.0
     padded_tokens_per_s: float | None = None
     padding_efficiency: float | None = None
+    packing_efficiency: float | None = None
     queue_depth: int | None = None
     slots_in_use: int | None = None
     worker_busy: tuple[float, ...] = ()
@@ -119,6 +122,8 @@ class LoaderStats:
             parts.append(f"first batch {self.first_batch_s:.2f} s")
         if self.padding_efficiency is not None:
             parts.append(f"padding efficiency {self.padding_efficiency * 100:.0f} %")
+        if self.packing_efficiency is not None:
+            parts.append(f"packing efficiency {self.packing_efficiency * 100:.1f} %")
         if self.gpu_idle_s is not None:
             parts.append(f"GPU idle {self.gpu_idle_s:.3f} s")
         busy = self.mean_worker_busy
