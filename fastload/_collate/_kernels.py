@@ -122,6 +122,57 @@ def pad_into(
         np.copyto(mask_out, mask)
 
 
+def pack_into(
+    source: np.ndarray,
+    starts: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    row_offsets: npt.NDArray[np.int64],
+    out: np.ndarray,
+    *,
+    pad_value: int | float | bool,
+    labels: np.ndarray | None = None,
+    label_pad: int = -100,
+    positions: np.ndarray | None = None,
+    documents: np.ndarray | None = None,
+) -> bool:
+    """Packed rows in one native pass (``pack_rows`` in ``_native.c``): row ``r`` of ``out``
+    (``[B, L, *elem]``) gets the pieces ``row_offsets[r]:row_offsets[r + 1]`` back to back,
+    piece ``p`` being ``source[starts[p]:starts[p] + lengths[p]]``, then ``pad_value``; and,
+    where given, the int64 ``labels`` (the values, ``label_pad`` on each piece's first element
+    and on the padding), int64 ``positions`` and int32 ``documents`` of those rows. ``False``
+    (nothing written) where the kernel is not built or does not take the layout or dtypes: the
+    caller's numpy code does the work then."""
+    if _native is None:
+        return False
+    source_type, out_type = NATIVE_TYPES.get(source.dtype), NATIVE_TYPES.get(out.dtype)
+    if source_type is None or out_type is None:
+        return False
+    if not (source.flags.c_contiguous and out.flags.c_contiguous):
+        return False
+    extras = (labels, positions, documents)
+    if any(a is not None and not a.flags.c_contiguous for a in extras):
+        return False
+    real = out_type >= NATIVE_TYPES[np.dtype(np.float32)]
+    _native.pack_rows(
+        source,
+        source_type,
+        math.prod(source.shape[1:]),
+        np.ascontiguousarray(starts, dtype=np.int64),
+        np.ascontiguousarray(lengths, dtype=np.int64),
+        np.ascontiguousarray(row_offsets, dtype=np.int64),
+        out,
+        out_type,
+        out.shape[1],
+        0 if real else int(pad_value),
+        float(pad_value),
+        labels,
+        int(label_pad),
+        positions,
+        documents,
+    )
+    return True
+
+
 def _back_to_back(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """Where each row starts when the rows lie back to back."""
     starts = np.zeros(len(lengths), dtype=np.int64)

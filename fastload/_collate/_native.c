@@ -1,5 +1,6 @@
 /* The padding kernel in one pass: gather ragged rows from where they lie, convert them to the
- * output dtype, pad them to the batch's width and write the row mask.
+ * output dtype, pad them to the batch's width and write the row mask. And its packing twin
+ * (pack_rows): several pieces per row, with the labels, positions and document ids.
  *
  * The numpy kernels in _kernels.py do the same in four or five whole-array passes (a gather of
  * each row's window, a mask, a multiply, a casting copy, a mask copy). This one touches every
@@ -305,9 +306,136 @@ done:
     return result;
 }
 
+
+PyDoc_STRVAR(pack_rows_doc,
+"pack_rows(source, source_type, items, starts, lengths, row_offsets, out, out_type, seq_len,\n"
+"          pad_int, pad_float, labels, label_pad, positions, documents)\n\n"
+"Packed rows: row r of `out` (`seq_len` elements of `items` items each) gets pieces\n"
+"row_offsets[r]..row_offsets[r + 1] - 1 back to back, piece p being the `lengths[p]` elements\n"
+"of `source` from element `starts[p]`, converted to `out_type`; then the pad value. With\n"
+"`labels` (int64 [rows, seq_len], or None) the same values as int64 with `label_pad` on every\n"
+"piece's first element and on the padding; `positions` (int64, or None) 0, 1, ... restarting\n"
+"at every piece and at the padding; `documents` (int32, or None) each row's pieces numbered\n"
+"from 0, the padding the next number. Everything is checked before anything is written.");
+
+static PyObject *pack_rows(PyObject *module, PyObject *args) {
+    Py_buffer source, starts, lengths, offsets, out;
+    PyObject *labels_obj, *positions_obj, *documents_obj;
+    int source_type, out_type;
+    Py_ssize_t items, seq_len;
+    long long pad_int, label_pad;
+    double pad_float;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*iny*y*y*w*inLdOLOO", &source, &source_type, &items, &starts,
+                          &lengths, &offsets, &out, &out_type, &seq_len, &pad_int, &pad_float,
+                          &labels_obj, &label_pad, &positions_obj, &documents_obj))
+        return NULL;
+    Py_buffer extra[3];
+    PyObject *extra_obj[3] = {labels_obj, positions_obj, documents_obj};
+    const Py_ssize_t extra_size[3] = {8, 8, 4};
+    int held[3] = {0, 0, 0};
+    PyObject *result = NULL;
+    const char *why = NULL;
+    if (!valid_type(source_type) || !valid_type(out_type) || items < 1 || seq_len < 1 ||
+        starts.len % 8 || lengths.len != starts.len || offsets.len % 8 || offsets.len < 8) {
+        why = "pack_rows: invalid arguments";
+        goto done;
+    }
+    Py_ssize_t pieces = starts.len / 8, rows = offsets.len / 8 - 1;
+    Py_ssize_t cells = rows * seq_len;
+    if (out.len < cells * items * type_size[out_type]) {
+        why = "pack_rows: out is smaller than rows * seq_len";
+        goto done;
+    }
+    for (int k = 0; k < 3; k++) {
+        if (extra_obj[k] == Py_None) continue;
+        if (PyObject_GetBuffer(extra_obj[k], &extra[k], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        held[k] = 1;
+        if (extra[k].len < cells * extra_size[k]) {
+            why = "pack_rows: labels, positions or documents are smaller than rows * seq_len";
+            goto done;
+        }
+    }
+    const int64_t *first = (const int64_t *)starts.buf, *count = (const int64_t *)lengths.buf;
+    const int64_t *row_at = (const int64_t *)offsets.buf;
+    Py_ssize_t available = source.len / (items * type_size[source_type]);
+    if (row_at[0] != 0 || row_at[rows] != pieces) {
+        why = "pack_rows: row offsets must run from 0 to the number of pieces";
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < rows && why == NULL; r++) {
+        int64_t used = 0;
+        if (row_at[r + 1] < row_at[r]) why = "pack_rows: row offsets must not decrease";
+        for (int64_t p = row_at[r]; p < row_at[r + 1] && why == NULL; p++) {
+            if (count[p] < 1 || first[p] < 0 || first[p] + count[p] > available)
+                why = "pack_rows: a piece lies outside the source";
+            used += count[p];
+        }
+        if (why == NULL && used > seq_len) why = "pack_rows: a row holds more than seq_len";
+    }
+    if (why != NULL) goto done;
+
+    unsigned char pad[8];
+    encode(out_type, pad_int, pad_float, pad);
+    unsigned char *ids = (unsigned char *)out.buf;
+    int64_t *labels = held[0] ? (int64_t *)extra[0].buf : NULL;
+    int64_t *positions = held[1] ? (int64_t *)extra[1].buf : NULL;
+    int32_t *documents = held[2] ? (int32_t *)extra[2].buf : NULL;
+    const unsigned char *src = (const unsigned char *)source.buf;
+    Py_ssize_t src_item = type_size[source_type] * items, out_item = type_size[out_type] * items;
+    convert_fn convert = converters[source_type][out_type];
+    convert_fn to_int64 = converters[source_type][T_I64];
+    int same = source_type == out_type;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        Py_ssize_t at = 0, base = r * seq_len;
+        int32_t doc = 0;
+        for (int64_t p = row_at[r]; p < row_at[r + 1]; p++, doc++) {
+            Py_ssize_t n = (Py_ssize_t)count[p];
+            const unsigned char *from = src + first[p] * src_item;
+            if (same)
+                memcpy(ids + (base + at) * out_item, from, (size_t)(n * src_item));
+            else
+                convert(from, ids + (base + at) * out_item, n * items);
+            if (labels != NULL) {
+                to_int64(from, labels + base + at, n);
+                labels[base + at] = label_pad;
+            }
+            if (positions != NULL)
+                for (Py_ssize_t k = 0; k < n; k++) positions[base + at + k] = k;
+            if (documents != NULL)
+                for (Py_ssize_t k = 0; k < n; k++) documents[base + at + k] = doc;
+            at += n;
+        }
+        Py_ssize_t gap = seq_len - at;
+        fill(ids + (base + at) * out_item, gap * items, pad, type_size[out_type]);
+        for (Py_ssize_t k = 0; k < gap; k++) {
+            if (labels != NULL) labels[base + at + k] = label_pad;
+            if (positions != NULL) positions[base + at + k] = k;
+            if (documents != NULL) documents[base + at + k] = doc;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+
+done:
+    if (why != NULL) PyErr_SetString(PyExc_ValueError, why);
+    for (int k = 0; k < 3; k++)
+        if (held[k]) PyBuffer_Release(&extra[k]);
+    PyBuffer_Release(&source);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pad_rows", pad_rows, METH_VARARGS, pad_rows_doc},
     {"gather_pad", gather_pad, METH_VARARGS, gather_pad_doc},
+    {"pack_rows", pack_rows, METH_VARARGS, pack_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,3 +18,22 @@ def pad_rows(
     mask_type: int,
     /,
 ) -> None: ...
+
+def pack_rows(
+    source: Any,
+    source_type: int,
+    items: int,
+    starts: Any,
+    lengths: Any,
+    row_offsets: Any,
+    out: Any,
+    out_type: int,
+    seq_len: int,
+    pad_int: int,
+    pad_float: float,
+    labels: Any | None,
+    label_pad: int,
+    positions: Any | None,
+    documents: Any | None,
+    /,
+) -> None: ...

@@ -27,6 +27,7 @@ from fastload._collate._checks import (
     optional_positive,
 )
 from fastload._collate._columnar import samples_to_columnar
+from fastload._collate._kernels import pack_into
 from fastload._collate._pack_plan import PieceColumns, check_plan, next_fit, piece_columns
 from fastload._collate._pack_source import PackedColumns
 from fastload._protocols import Layout
@@ -385,7 +386,7 @@ class _Packed:
         if rows * seq_len > np.iinfo(np.int32).max:
             raise ValueError(f"{rows} rows of {seq_len} tokens do not fit cu_seqlens' int32")
         self.rows, self.seq_len, self.lengths = rows, seq_len, lengths
-        offsets = plan.row_offsets
+        self.offsets = offsets = plan.row_offsets
         pieces = lengths.size
         per_row = np.diff(offsets)
         row = np.repeat(np.arange(rows, dtype=np.int64), per_row)
@@ -431,30 +432,43 @@ class _Packed:
     def fill(self, out: Mapping[str, np.ndarray]) -> None:
         """:meth:`write` without checking ``out`` (arrays made from :attr:`layout`)."""
         rows, seq_len, lengths = self.rows, self.seq_len, self.lengths
-        tokens = int(self.ends[-1])
-        arange = self.collate._positions(rows * seq_len)
-        # Real tokens fill each row's head: a boolean scatter writes them in row order.
-        real = self.collate._positions(seq_len) < self.used[:, None]
-        # Each token's offset within its piece: its flat index less its piece's start.
-        within = arange[:tokens] - np.repeat(self.ends[:-1], lengths)
-        primary: np.ndarray | None = None
+        label_pad = self.collate._label_pad
+        primary_done = False
+        gather: _Gather | None = None
         for name, _, pad in self.schema.ragged:
             column = self.columns[name]
             assert isinstance(column, Spans)
-            values = column.source[np.repeat(column.starts, lengths) + within]
+            is_primary = name == self.schema.primary
+            # One native pass per field: the primary's also writes labels, positions and ids.
+            if pack_into(
+                column.source,
+                column.starts,
+                lengths,
+                self.offsets,
+                out[name],
+                pad_value=pad,
+                labels=out[LABELS] if is_primary else None,
+                label_pad=label_pad,
+                positions=out[POSITIONS] if is_primary else None,
+                documents=out[DOCUMENTS] if is_primary else None,
+            ):
+                primary_done |= is_primary
+                continue
+            gather = gather or _Gather(self)
+            values = gather.values(column)
             target = out[name]
             target.fill(pad)
-            target[real] = values
-            if name == self.schema.primary:
-                primary = values
-        assert primary is not None
-        labels = out[LABELS]
-        labels.fill(self.collate._label_pad)
-        labels[real] = primary
-        np.put(labels, self.first, self.collate._label_pad)
+            target[gather.real] = values
+            if is_primary:
+                labels = out[LABELS]
+                labels.fill(label_pad)
+                labels[gather.real] = values
+                np.put(labels, self.first, label_pad)
         seg_len = self.seg_len
-        np.subtract(arange, np.repeat(self.cu[:-1], seg_len), out=out[POSITIONS].reshape(-1))
-        out[DOCUMENTS].reshape(-1)[...] = np.repeat(self.seg_doc, seg_len)
+        if not primary_done:
+            arange = self.collate._positions(rows * seq_len)
+            np.subtract(arange, np.repeat(self.cu[:-1], seg_len), out=out[POSITIONS].reshape(-1))
+            out[DOCUMENTS].reshape(-1)[...] = np.repeat(self.seg_doc, seg_len)
         if self.schema.fixed:
             source = np.repeat(self.seg_piece, seg_len)
             for name, pad in self.schema.fixed:
@@ -464,6 +478,22 @@ class _Packed:
                 np.take(padded, source, axis=0, out=out[name].reshape(rows * seq_len, *column.shape[1:]))
         out[CU_SEQLENS][...] = self.cu
         out[MAX_SEQLEN][...] = int(seg_len.max()) if seg_len.size else 0
+
+
+class _Gather:
+    """The numpy way to place pieces (where the native kernel does not apply): which cells of
+    the rows are real, and each real token's offset within its piece."""
+
+    def __init__(self, packed: _Packed) -> None:
+        collate, lengths = packed.collate, packed.lengths
+        tokens = int(packed.ends[-1])
+        # Real tokens fill each row's head: a boolean scatter writes them in row order.
+        self.real = collate._positions(packed.seq_len) < packed.used[:, None]
+        self.within = collate._positions(tokens) - np.repeat(packed.ends[:-1], lengths)
+        self.lengths = lengths
+
+    def values(self, column: Spans) -> np.ndarray:
+        return column.source[np.repeat(column.starts, self.lengths) + self.within]
 
 
 __all__ = ["GENERATED", "PackCollate"]

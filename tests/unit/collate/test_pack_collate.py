@@ -23,12 +23,6 @@ SAMPLES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def padding_kernel() -> str:
-    """PackCollate uses no padding kernel: its tests run once, not once per kernel."""
-    return "none"
-
-
 def plan(rows: list[list[tuple[int, int, int]]], seq_len: int) -> PackedBatch:
     pieces = [piece for row in rows for piece in row]
     column = np.array(pieces, dtype=np.int64).reshape(-1, 3).T
@@ -449,3 +443,27 @@ def test_a_dtype_of_another_kind_or_a_pad_value_that_does_not_fit_is_refused() -
 def test_bad_options_fail_at_construction(options: dict[str, Any], error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         PackCollate(**options)
+
+
+def test_the_native_packing_kernel_checks_before_it_writes(padding_kernel: str) -> None:
+    """A piece past the end of the source, or a row over seq_len, raises and leaves the
+    output untouched (the numpy kernels never get such a plan: PackedSource checks first)."""
+    from fastload._collate import _kernels
+
+    if padding_kernel != "native":
+        assert not _kernels.pack_into(
+            np.arange(10), np.array([0]), np.array([3]), np.array([0, 1]), np.zeros((1, 4), np.int64), pad_value=0
+        )
+        return
+    out = np.full((1, 4), 7, dtype=np.int64)
+    for starts, lengths, match in (([8], [3], "outside the source"), ([0, 4], [3, 2], "more than seq_len")):
+        with pytest.raises(ValueError, match=match):
+            _kernels.pack_into(
+                np.arange(10),
+                np.array(starts),
+                np.array(lengths),
+                np.array([0, len(starts)]),
+                out,
+                pad_value=0,
+            )
+        assert (out == 7).all()

@@ -23,12 +23,6 @@ SEQ_LEN = 16
 LENGTHS = [5, 20, 3, 9, 1, 12]
 
 
-@pytest.fixture(autouse=True)
-def padding_kernel() -> str:
-    """PackCollate uses no padding kernel: these tests run once, not once per kernel."""
-    return "none"
-
-
 def tokens(i: int, n: int) -> np.ndarray:
     return (np.arange(n) + 100 * (i + 1)).astype(np.uint16)
 
