@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ RANK_SCRIPT = textwrap.dedent(
     import numpy as np
     import torch.distributed as dist
 
-    from fastload import LengthGroupedBatchSampler
+    from fastload import LengthGroupedBatchSampler, PackedBatchSampler
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=60))
     lengths = np.random.default_rng(0).integers(1, 512, 3_001)
@@ -48,6 +49,13 @@ RANK_SCRIPT = textwrap.dedent(
             "batches": batches,
             "gathered": gathered,
         }
+    packed = PackedBatchSampler(lengths, seq_len=384, rows=4, seed=5)
+    packed.set_epoch(1)
+    report["packed"] = {
+        "num_replicas": packed.num_replicas,
+        "len": len(packed),
+        "batches": [[b.row(r) for r in range(b.rows)] for b in packed],
+    }
     dist.barrier()
     dist.destroy_process_group()
     with open(sys.argv[1], "w") as out:
@@ -131,3 +139,14 @@ def test_two_gloo_ranks_get_disjoint_shards_with_equal_batch_counts(tmp_path: Pa
         assert not shards[0] & shards[1]
     else:  # one padding batch: the last round repeats the epoch's first batch
         assert len(shards[0] & shards[1]) == len(padded[0][0])
+
+    # Packed: equal counts, and together every token of every sample once (split at 384).
+    packed = [report["packed"]["batches"] for report in reports]
+    assert all(report["packed"]["num_replicas"] == WORLD_SIZE for report in reports)
+    assert len(packed[0]) == len(packed[1]) == reports[0]["packed"]["len"]
+    pieces = sorted(tuple(p) for batches in packed for batch in batches for row in batch for p in row)
+    lengths = np.random.default_rng(0).integers(1, 512, 3_001)
+    expected = sorted(
+        (i, start, min(start + 384, int(n))) for i, n in enumerate(lengths) for start in range(0, int(n), 384)
+    )
+    assert pieces == expected
