@@ -19,8 +19,12 @@ __all__ = [
     "FastloadError",
     "FieldNotFoundError",
     "LoaderTimeoutError",
+    "MissingExtraError",
     "OversizeSampleError",
     "SharedMemoryError",
+    "StorageError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
     "UsageError",
     "WorkerCrashedError",
 ]
@@ -82,6 +86,25 @@ class CacheError(_FastloadOSError):
     ``errno`` that of the failed operation (``ENOSPC``, ``EROFS``, ``EACCES``, ...); the message
     names the directory and how to choose another. Nothing half-written is ever left where a
     reader would take it for data."""
+
+
+class StorageError(_FastloadOSError):
+    """Remote storage (S3 or an S3-compatible store, GCS, HTTPS) failed for good: a permanent
+    error (403, a missing bucket), a transient one that outlasted the retry budget, or a
+    checksum that stays wrong. ``filename`` is the URL; the message names it and the cause."""
+
+
+class StorageNotFoundError(StorageError, FileNotFoundError):
+    """A remote object or bucket does not exist (404, NoSuchKey, NoSuchBucket)."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The store refused the request (403, AccessDenied, an invalid key)."""
+
+
+class MissingExtraError(FastloadError, ImportError):
+    """An optional dependency is not installed; the message names the extra that brings it
+    (``pip install 'fastload[s3]'``)."""
 
 
 class FieldNotFoundError(DataFormatError, KeyError):
