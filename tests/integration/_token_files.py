@@ -27,3 +27,19 @@ def write_token_file(
         if names:
             f.create_dataset("name", data=[f"s{i}" for i in range(samples)], dtype=h5py.string_dtype())
     return path
+
+
+def write_documents(path: Path, lengths: list[int], *, vocab: int, seed: int = 0) -> Path:
+    """One sample per entry of ``lengths``, uint16 ids in ``1..vocab - 1`` in the fastload
+    layout: 0 never occurs, so a packed batch's padding (``pad_value=0``) is told apart from
+    every document by its ids alone."""
+    rng = np.random.default_rng(seed)
+    sizes = np.asarray(lengths, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    with h5py.File(path, "w") as f:
+        f.attrs["fastload_format"] = 1
+        f.attrs["num_samples"] = sizes.size
+        f.create_dataset("tokens/values", data=rng.integers(1, vocab, int(offsets[-1])).astype(np.uint16))
+        f.create_dataset("tokens/offsets", data=offsets)
+        f.create_dataset("lengths", data=sizes)
+    return path
