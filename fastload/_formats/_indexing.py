@@ -1,0 +1,84 @@
+"""Building a dataset's index (``fastload index``, and the converter after it writes shards):
+the readers describe the shards, a pass over each file gives its size and SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from fastload._formats._arrow import _SUFFIXES as ARROW_SUFFIXES
+from fastload._formats._arrow import ArrowDataset
+from fastload._formats._base import ShardedDataset
+from fastload._formats._hdf5 import _SUFFIXES as HDF5_SUFFIXES
+from fastload._formats._hdf5 import HDF5Dataset
+from fastload._remote._index import INDEX_NAME, DatasetIndex, ShardEntry
+from fastload.errors import DataFileNotFoundError
+
+_CHUNK = 8 << 20
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 (hex) of the file at ``path``, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def shard_files(folder: Path) -> tuple[str, list[Path]]:
+    """The format and the shard files of ``folder`` (recursively, sorted by their path relative
+    to it): HDF5 files, else Arrow IPC and Parquet files; a folder that mixes them, or holds
+    neither, is refused."""
+    if not folder.is_dir():
+        raise DataFileNotFoundError(f"{folder}: is not a directory of shards", folder)
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != INDEX_NAME)
+    hdf5 = [p for p in found if p.name.endswith(HDF5_SUFFIXES)]
+    arrow = [p for p in found if p.name.endswith(ARROW_SUFFIXES)]
+    if hdf5 and arrow:
+        raise DataFileNotFoundError(
+            f"{folder}: holds both HDF5 ({hdf5[0].name}) and Arrow/Parquet ({arrow[0].name}) "
+            "shards; one index describes shards of one format",
+            folder,
+        )
+    if not hdf5 and not arrow:
+        raise DataFileNotFoundError(
+            f"{folder}: holds no shard ({', '.join(HDF5_SUFFIXES + ARROW_SUFFIXES)})", folder
+        )
+    return ("hdf5", hdf5) if hdf5 else ("arrow", arrow)
+
+
+def build_index(folder: str | os.PathLike[str]) -> DatasetIndex:
+    """The index of the shards in ``folder`` (see :func:`shard_files`), every shard read by its
+    reader, which validates it as a dataset created over it would."""
+    root = Path(folder)
+    kind, files = shard_files(root)
+    dataset: ShardedDataset = HDF5Dataset(files) if kind == "hdf5" else ArrowDataset(files, cache_dir=False)
+    sizes = [int(n) for n in (dataset._shard_starts[1:] - dataset._shard_starts[:-1])]
+    shards = tuple(
+        ShardEntry(file.relative_to(root).as_posix(), samples, file.stat().st_size, sha256_of(file))
+        for file, samples in zip(files, sizes, strict=True)
+    )
+    return DatasetIndex(kind, dataset.fields, dataset.length_field, shards, dataset.lengths)
+
+
+def write_index(folder: str | os.PathLike[str], index: DatasetIndex) -> Path:
+    """Write ``index`` as ``folder/fastload-index.json``, atomically (a reader sees the old
+    index or the new one, never a part)."""
+    final = Path(folder) / INDEX_NAME
+    handle, temporary = tempfile.mkstemp(prefix=f".{INDEX_NAME}.", dir=final.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(index.to_json())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, final)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return final
+
+
+__all__ = ["build_index", "sha256_of", "shard_files", "write_index"]
