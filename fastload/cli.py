@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_convert_parser(sub)
     add_inspect_parser(sub)
+    from fastload._convert._index_cli import add_index_parser
+
+    add_index_parser(sub)
     from fastload._metrics._cli import add_bench_parser
 
     add_bench_parser(sub)
