@@ -1,4 +1,5 @@
-"""Exclusive locks between processes on one machine: ``fcntl.flock`` on a lock file.
+"""Locks between processes on one machine: ``fcntl.flock`` on a lock file, exclusive or shared
+(readers that many processes may hold at once, and that keep an exclusive holder out).
 
 The kernel drops a process's locks when it dies, however it dies, so a lock never outlives its
 holder and a waiter never needs to judge whether a holder is alive. A lock file may be deleted
@@ -19,8 +20,8 @@ _POLL_S = 0.05
 
 
 class HeldLock:
-    """An exclusive lock on :attr:`path`, held until :meth:`release` (or the ``with`` block's
-    end)."""
+    """A lock on :attr:`path` (exclusive unless taken ``shared``), held until :meth:`release`
+    (or the ``with`` block's end)."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
@@ -43,17 +44,18 @@ class HeldLock:
         self.release()
 
 
-def try_lock(path: Path) -> HeldLock | None:
-    """The lock of ``path`` if no other process holds it now, else ``None``; creates the lock
-    file. Raises ``OSError`` when the file cannot be created or opened."""
-    return _acquire(path, deadline=None)
+def try_lock(path: Path, *, shared: bool = False) -> HeldLock | None:
+    """The lock of ``path`` if no other process holds it now (none holds it exclusively, for a
+    ``shared`` one), else ``None``; creates the lock file. Raises ``OSError`` when the file
+    cannot be created or opened."""
+    return _acquire(path, deadline=None, shared=shared)
 
 
-def lock(path: Path, *, timeout_s: float) -> HeldLock:
-    """The lock of ``path``, waiting (polled) while another process holds it; raises
-    ``TimeoutError`` naming the lock file and its holder after ``timeout_s`` seconds, and
-    ``OSError`` when the file cannot be created or opened."""
-    held = _acquire(path, deadline=time.monotonic() + timeout_s)
+def lock(path: Path, *, timeout_s: float, shared: bool = False) -> HeldLock:
+    """The lock of ``path``, waiting (polled) while another process holds it (exclusively, for a
+    ``shared`` one); raises ``TimeoutError`` naming the lock file and its holder after
+    ``timeout_s`` seconds, and ``OSError`` when the file cannot be created or opened."""
+    held = _acquire(path, deadline=time.monotonic() + timeout_s, shared=shared)
     assert held is not None
     return held
 
@@ -66,17 +68,18 @@ def holder(path: Path) -> str:
         return "unknown"
 
 
-def _acquire(path: Path, *, deadline: float | None) -> HeldLock | None:
+def _acquire(path: Path, *, deadline: float | None, shared: bool) -> HeldLock | None:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
-            if not _wait_for(fd, path, deadline):
+            if not _wait_for(fd, path, deadline, fcntl.LOCK_SH if shared else fcntl.LOCK_EX):
                 os.close(fd)
                 return None
             if _still_at(fd, path):
-                # Only for messages: who to look for when a waiter gives up.
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+                if not shared:  # shared holders are many; the note names the exclusive one
+                    # Only for messages: who to look for when a waiter gives up.
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
                 return HeldLock(path, fd)
         except BaseException:
             os.close(fd)
@@ -84,12 +87,12 @@ def _acquire(path: Path, *, deadline: float | None) -> HeldLock | None:
         os.close(fd)  # the file was deleted while we waited: lock the one now at ``path``
 
 
-def _wait_for(fd: int, path: Path, deadline: float | None) -> bool:
-    """Lock ``fd``: False at once if it is held and ``deadline`` is ``None``; polled until
-    ``deadline`` otherwise."""
+def _wait_for(fd: int, path: Path, deadline: float | None, mode: int) -> bool:
+    """Lock ``fd`` in ``mode``: False at once if it is held and ``deadline`` is ``None``; polled
+    until ``deadline`` otherwise."""
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if deadline is None:

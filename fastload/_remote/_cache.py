@@ -1,0 +1,438 @@
+"""The local shard cache: remote shards downloaded once per machine, served only whole and
+verified, bounded by evicting what the epoch plan needs last.
+
+Layout of the cache directory ``D`` (one file per name; everything that is not a shard starts
+with a dot, so a shard is exactly a regular file whose name does not):
+
+``D/KEY``           a complete, verified shard
+``D/.KEY.part``     its download in progress, or left by a killed process (resumed)
+``D/.KEY.lock``     its lock file: exclusive while downloading or evicting, shared while pinned
+``D/.evict.lock``   serializes eviction, so two processes making room do not both evict
+
+NOTE [download protocol]
+1. ``get`` returns ``D/KEY`` when it exists, taking no lock: a shard appears under that name only
+   by a rename of a verified, fsynced file (step 4), so whatever is there is whole.
+2. Otherwise it takes ``.KEY.lock`` exclusively, waiting while another process or thread holds it,
+   and looks again: the holder may have just published it.
+3. Still missing: it opens ``.KEY.part`` and calls ``fetch(fd, start)`` with ``start`` the part's
+   size, so a part left by a killed process is resumed (no process can be writing it: we hold
+   the lock).
+4. It checks the size and the sha256, fsyncs, renames the part to ``KEY`` and fsyncs ``D``. A
+   wrong size or checksum deletes the part and downloads once more from byte 0, then fails.
+
+So a shard is downloaded once per machine however many processes and threads ask (``flock``
+locks belong to an open file, so threads of one process exclude each other too), and a process
+killed at any instant leaves at most a part, never a ``KEY``. Eviction (``make_room``) and pins
+(``pin``) take the same lock file, see their docstrings.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from fastload._storage import CACHE_REMEDY, cache_root, fsync_path
+from fastload._storage._lock import HeldLock, lock, try_lock
+from fastload.errors import CacheError, FastloadError, StorageError
+
+#: Errors of a fetch that mean the cache's disk, not the store, failed: they become CacheError.
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+_KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_STEM_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
+_SUFFIX = re.compile(r"\.[A-Za-z0-9]{1,16}")
+_STEM_MAX = 48
+_PART = ".part"
+_LOCK = ".lock"
+_EVICT_LOCK = ".evict.lock"
+_READ_CHUNK = 1 << 20
+_ATTEMPTS = 2  # the first download, and one from scratch after a wrong size or checksum
+#: A part younger than this survives the clean-up on open: a restart after ``kill -9`` follows
+#: the same plan and resumes it soon; older ones belong to plans that moved on.
+KEEP_PARTS_S = 24 * 3600.0
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+}  # fmt: skip
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+
+#: ``fetch(fd, start)`` writes the object's bytes from offset ``start`` to its end into ``fd``
+#: (``os.pwrite`` at their own offsets), in order, so that the file's size is always the count of
+#: bytes written: a killed download resumes from there. It may raise; an ``OSError`` with a
+#: disk-full errno becomes :class:`CacheError`, anything else propagates and keeps the part.
+Fetch = Callable[[int, int], None]
+
+
+def parse_size(value: int | str, *, option: str = "cache_limit") -> int:
+    """Bytes in ``value``: an int, or a number with a decimal (``kB MB GB TB PB``) or binary
+    (``KiB MiB GiB TiB PiB``) unit, case-insensitive, spaces allowed: ``"200GB"`` is 200·10⁹,
+    ``"1.5 GiB"`` 1.5·2³⁰. A bare ``G`` is refused as ambiguous. Fractions of a byte are dropped.
+    ``ValueError`` naming ``option`` for anything else, negative sizes included."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and (match := _SIZE.fullmatch(value)):
+        number, unit = match.groups()
+        if unit.lower() in _UNITS:
+            scale = _UNITS[unit.lower()]
+            # whole numbers stay exact however large; a float has 53 bits
+            return int(number) * scale if number.isdigit() else int(float(number) * scale)
+    raise ValueError(
+        f"{option} must be a number of bytes (an int >= 0) or a string like '200GB', '500MB' or"
+        f" '1.5 GiB' (units kB MB GB TB PB, KiB MiB GiB TiB PiB); got {value!r}"
+    )
+
+
+def eviction_order(keys: list[str], next_use: Mapping[str, float]) -> list[str]:
+    """``keys`` in the order to evict them: the one whose next use is furthest away first, a key
+    absent from ``next_use`` (never used again) before all, equal ones by key. Evicting a prefix
+    of this order therefore never drops a shard needed sooner than one kept."""
+    return sorted(keys, key=lambda k: (-next_use.get(k, math.inf), k))
+
+
+class ShardCache:
+    """Complete, verified shards in ``root`` (default ``cache_root() / "shards"``), shared by all
+    processes and threads of the machine, bounded by ``limit`` bytes (an int, a string for
+    :func:`parse_size`, or ``None`` for no bound) through :meth:`make_room`.
+
+    A wait for another process's lock gives up after ``timeout_s`` with a :class:`CacheError`
+    naming the holder. A part older than ``keep_parts_s`` whose writer is gone is deleted when the
+    cache is first used; younger ones are resumed.
+    """
+
+    def __init__(
+        self,
+        root: Path | None = None,
+        limit: int | str | None = None,
+        *,
+        timeout_s: float = 3600.0,
+        keep_parts_s: float = KEEP_PARTS_S,
+    ) -> None:
+        self.root = (cache_root() / "shards") if root is None else Path(root).absolute()
+        self.limit = None if limit is None else parse_size(limit, option="cache_limit")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds; got {timeout_s!r}")
+        if not keep_parts_s >= 0:
+            raise ValueError(f"keep_parts_s must be a number of seconds >= 0; got {keep_parts_s!r}")
+        self.timeout_s = float(timeout_s)
+        self.keep_parts_s = float(keep_parts_s)
+        self._opened = False
+        self._opening = threading.Lock()
+
+    @staticmethod
+    def key(url: str, name: str, version: str) -> str:
+        """The cache key of shard ``name`` of the dataset at ``url`` in ``version`` (its checksum
+        or ETag): the name's stem and suffix made filesystem-safe, for people and for readers that
+        look at suffixes, and a 160-bit hash of all three, so that distinct triples never share a
+        key (the three are hashed unambiguously, as a JSON list)."""
+        base = PurePosixPath(name).name
+        suffix = PurePosixPath(base).suffix
+        suffix = suffix if _SUFFIX.fullmatch(suffix) else ""
+        stem = _STEM_CHARS.sub("_", base[: len(base) - len(suffix)])[:_STEM_MAX] or "shard"
+        digest = hashlib.sha256(json.dumps([url, name, version]).encode()).hexdigest()[:40]
+        return f"{stem}.{digest}{suffix}"
+
+    def contains(self, key: str) -> bool:
+        """Whether a complete shard ``key`` is in the cache now."""
+        return self._final(key).is_file()
+
+    def usage(self) -> int:
+        """Bytes of the complete shards in the cache (one ``scandir`` pass and a stat per file;
+        parts of downloads in progress do not count)."""
+        return sum(self._shards().values())
+
+    def get(
+        self, key: str, *, size: int, checksum: str | None, fetch: Fetch, source: str | None = None
+    ) -> Path:
+        """The path of a complete copy of shard ``key`` of ``size`` bytes whose sha256 is
+        ``checksum`` (lowercase hex; ``None`` checks the size only), downloaded by ``fetch`` if
+        absent, once per machine (see NOTE [download protocol]).
+
+        Raises :class:`StorageError` naming ``source`` (the URL; the key when not given) and both
+        values when the size or checksum is wrong twice; :class:`CacheError` naming the directory
+        when the disk is full or the directory unusable (no part is kept then). Whatever ``fetch``
+        raises otherwise propagates and its part stays, to be resumed.
+        """
+        final = self._final(key)
+        if size < 0:
+            raise ValueError(f"size must be a number of bytes >= 0; got {size!r}")
+        if checksum is not None and not _SHA256.fullmatch(checksum):
+            raise ValueError(f"checksum must be a sha256 in lowercase hex or None; got {checksum!r}")
+        if _size_of(final) == size:
+            return final
+        self._open()
+        with self._lock(key):
+            found = _size_of(final)
+            if found == size:
+                return final
+            if found is not None:  # damaged or replaced behind our back: download it again
+                final.unlink()
+            self._download(key, size, checksum, fetch, source or key)
+        return final
+
+    @contextmanager
+    def pin(self, key: str) -> Iterator[Path]:
+        """Hold shard ``key`` in the cache while the ``with`` block runs (while a process has it
+        open or mapped): a shared lock on its lock file, which :meth:`make_room` cannot take, so
+        it never evicts a pinned shard. Many processes may pin one shard. Raises
+        ``FileNotFoundError`` when the shard is not in the cache (evicted since :meth:`get`)."""
+        final = self._final(key)
+        missing = FileNotFoundError(
+            errno.ENOENT, f"shard {key} is not in the cache (evicted?); get() it again", str(final)
+        )
+        if not final.is_file():  # before locking: no lock file is made for a shard not there
+            raise missing
+        held = self._lock(key, shared=True)
+        try:
+            if not final.is_file():  # evicted while we took the lock
+                raise missing
+            yield final
+        finally:
+            held.release()
+
+    def make_room(self, need: int, next_use: Mapping[str, float]) -> list[str]:
+        """Evict complete shards until ``usage() + need <= limit`` or nothing more may go, in
+        :func:`eviction_order` of ``next_use`` (key → when the plan next reads it, in any
+        increasing unit; absent means never), and return the evicted keys in that order.
+
+        A shard being pinned or downloaded is skipped and stays counted, so the limit may be
+        exceeded by the shards in use at that moment; with ``limit=None`` nothing is evicted.
+        Callers making room at once are serialized (the others wait), so none evicts what
+        another's eviction already freed. Downloads in flight are not counted: ``need`` is the
+        caller's own."""
+        if need < 0:
+            raise ValueError(f"need must be a number of bytes >= 0; got {need!r}")
+        if self.limit is None:
+            return []
+        self._open()
+        evicted: list[str] = []
+        with self._held(self.root / _EVICT_LOCK, shared=False):
+            shards = self._shards()
+            excess = sum(shards.values()) + need - self.limit
+            for key in eviction_order(list(shards), next_use):
+                if excess <= 0:
+                    break
+                freed = self._evict(key)
+                if freed is not None:
+                    evicted.append(key)
+                    excess -= freed
+        return evicted
+
+    def clean_leftovers(self, *, older_than_s: float = 0.0) -> list[Path]:
+        """Delete the parts no live process is writing (their lock is free) that were last
+        written more than ``older_than_s`` ago, and lock files that guard nothing; return the
+        parts deleted. A part being written, and any shard, is left alone."""
+        removed: list[Path] = []
+        now = time.time()
+        try:
+            names = sorted(e.name for e in os.scandir(self.root))
+        except FileNotFoundError:
+            return removed
+        except OSError as exc:
+            raise self._disk_error(exc) from exc
+        for name in names:
+            if not (name.startswith(".") and name.endswith(_PART)):
+                continue
+            key = name[1 : -len(_PART)]
+            part = self.root / name
+            held = self._try_lock(key)
+            if held is None:
+                continue
+            with held:
+                try:
+                    if now - part.stat().st_mtime >= older_than_s:
+                        part.unlink()
+                        removed.append(part)
+                except FileNotFoundError:
+                    pass
+        for name in names:
+            if name.startswith(".") and name.endswith(_LOCK) and name != _EVICT_LOCK:
+                key = name[1 : -len(_LOCK)]
+                if not self._final(key).exists() and not self._part(key).exists():
+                    self._drop_lock_file(key)  # looks again under the lock
+        return removed
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _final(self, key: str) -> Path:
+        if not isinstance(key, str) or not _KEY.fullmatch(key):
+            raise ValueError(
+                "key must be 1 to 200 of the characters A-Z a-z 0-9 . _ - and not start with a"
+                f" dot (ShardCache.key() makes one); got {key!r}"
+            )
+        return self.root / key
+
+    def _part(self, key: str) -> Path:
+        return self.root / f".{key}{_PART}"
+
+    def _lock_file(self, key: str) -> Path:
+        return self.root / f".{key}{_LOCK}"
+
+    def _open(self) -> None:
+        """Create the directory and clean old leftovers, once per instance."""
+        with self._opening:
+            if self._opened:
+                return
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
+            self.clean_leftovers(older_than_s=self.keep_parts_s)
+            self._opened = True
+
+    def _shards(self) -> dict[str, int]:
+        shards: dict[str, int] = {}
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return shards
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    shards[entry.name] = entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass  # evicted while we looked
+        return shards
+
+    def _lock(self, key: str, *, shared: bool = False) -> HeldLock:
+        return self._held(self._lock_file(key), shared=shared)
+
+    def _held(self, path: Path, *, shared: bool) -> HeldLock:
+        try:
+            return lock(path, timeout_s=self.timeout_s, shared=shared)
+        except TimeoutError as exc:
+            raise CacheError(
+                f"{path}: waited {self.timeout_s:g} s for another process: {exc}",
+                self.root, errno.ETIMEDOUT,
+            ) from exc
+        except OSError as exc:
+            raise self._disk_error(exc) from exc
+
+    def _try_lock(self, key: str) -> HeldLock | None:
+        try:
+            return try_lock(self._lock_file(key))
+        except OSError:
+            return None  # a directory we cannot write: nothing of it can be ours to delete
+
+    def _evict(self, key: str) -> int | None:
+        """Delete shard ``key`` unless it is pinned or being written; the bytes freed, or
+        ``None`` when it stays (or another process evicted it first)."""
+        held = self._try_lock(key)
+        if held is None:
+            return None
+        with held:
+            final = self._final(key)
+            try:
+                freed = final.stat().st_size
+                final.unlink()
+            except FileNotFoundError:
+                return None
+            held.unlink()  # see _storage._lock: a waiter on the old file moves to a new one
+        return freed
+
+    def _drop_lock_file(self, key: str) -> None:
+        held = self._try_lock(key)
+        if held is None:
+            return
+        with held:
+            if not self._final(key).exists() and not self._part(key).exists():
+                held.unlink()
+
+    def _download(self, key: str, size: int, checksum: str | None, fetch: Fetch, source: str) -> None:
+        """Steps 3 and 4 of NOTE [download protocol]; only under ``key``'s exclusive lock."""
+        part = self._part(key)
+        for attempt in range(_ATTEMPTS):
+            try:
+                got_size, got_sum = self._fill(part, size, fetch)
+                if got_size == size and (checksum is None or got_sum == checksum):
+                    try:
+                        os.replace(part, self._final(key))
+                        fsync_path(self.root)
+                    except OSError as exc:
+                        raise self._disk_error(exc) from exc
+                    return
+            except CacheError:
+                part.unlink(missing_ok=True)  # a full disk should not stay full of our part
+                raise
+            part.unlink()
+            if attempt + 1 == _ATTEMPTS:
+                raise StorageError(
+                    f"{source}: the download of shard {key} is {got_size} bytes with sha256"
+                    f" {got_sum}, the index says {size} bytes with sha256 {checksum or '(any)'};"
+                    f" downloaded {_ATTEMPTS} times from scratch, wrong each time. The object"
+                    " changed after it was indexed, or the store serves it damaged: index the"
+                    " dataset again (fastload index) or check the store",
+                    source,
+                    errno.EIO,
+                )
+
+    def _fill(self, part: Path, size: int, fetch: Fetch) -> tuple[int, str]:
+        """Complete ``part`` through ``fetch`` from its current size, fsync it, and return its
+        size and sha256 (read back: bytes written before a kill were never seen by this
+        process). A failure of the cache's disk is a :class:`CacheError`; whatever else
+        ``fetch`` raises propagates."""
+        try:
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise self._disk_error(exc) from exc
+        try:
+            try:
+                start = os.fstat(fd).st_size
+                if start > size:  # longer than the object: nothing of it can be trusted
+                    os.ftruncate(fd, 0)
+                    start = 0
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
+            if start < size:
+                try:
+                    fetch(fd, start)
+                except FastloadError:
+                    raise
+                except OSError as exc:
+                    if exc.errno in _DISK_ERRNOS:
+                        raise self._disk_error(exc) from exc
+                    raise  # the store's (a reset connection): the part is kept, to resume
+            try:
+                os.fsync(fd)
+                return os.fstat(fd).st_size, _sha256(fd)
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
+        finally:
+            os.close(fd)
+
+    def _disk_error(self, exc: OSError) -> CacheError:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        return CacheError(
+            f"cannot write shards into the cache directory {self.root}: {reason}; {CACHE_REMEDY}"
+            + (", or lower cache_limit" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""),
+            self.root,
+            exc.errno,
+        )
+
+
+def _size_of(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def _sha256(fd: int) -> str:
+    digest = hashlib.sha256()
+    offset = 0
+    while chunk := os.pread(fd, _READ_CHUNK, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
