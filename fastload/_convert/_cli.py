@@ -235,7 +235,8 @@ def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "inspect",
         help="describe and check a fastload HDF5 file",
-        description="Fields, sizes, length statistics, padding efficiency and a validation verdict.",
+        description="Fields, sizes, length statistics, padding (and with --pack, packing) efficiency "
+        "and a validation verdict.",
     )
     parser.add_argument("file", type=Path, metavar="FILE")
     parser.add_argument(
@@ -246,13 +247,24 @@ def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="check every offset, length and value, in bounded memory",
     )
+    parser.add_argument(
+        "--pack",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also the packing efficiency of rows of N tokens (--batch-size rows a batch)",
+    )
 
     def run(args: argparse.Namespace) -> int:
         from fastload._convert._inspect import run_inspect
 
         try:
             return run_inspect(
-                args.file, batch_size=args.batch_size, verify=args.verify, out=sys.stdout
+                args.file,
+                batch_size=args.batch_size,
+                verify=args.verify,
+                out=sys.stdout,
+                pack=args.pack,
             )
         except (FastloadError, OSError) as exc:
             print(f"fastload inspect: error: {_one_line(exc)}", file=sys.stderr)

@@ -1,5 +1,6 @@
 """``fastload inspect FILE``: what a fastload HDF5 file holds, how its lengths are spread, how
-much padding batches would carry, and whether the layout is valid.
+much padding batches would carry (and, with ``--pack N``, how full packed rows of ``N`` tokens
+would be), and whether the layout is valid.
 
 The cheap checks (always run) read attributes, shapes, dtypes and the first and last offsets.
 ``--verify`` also reads every offset and length, and every token id where the vocabulary is
@@ -229,6 +230,15 @@ def grouped_batches(lengths: npt.NDArray[np.int64], batch_size: int) -> list[npt
     return [np.asarray(b, dtype=np.int64) for b in sampler]
 
 
+def packing_efficiency(lengths: npt.NDArray[np.int64], seq_len: int, rows: int) -> float:
+    """Real tokens / rows × ``seq_len`` of one epoch of fastload's packed batches (seed 0, one
+    rank, the default window; samples longer than ``seq_len`` split)."""
+    sampler = fastload.PackedBatchSampler(
+        lengths, seq_len=seq_len, rows=rows, seed=0, num_replicas=1, rank=0
+    )
+    return sampler.efficiency()
+
+
 def _describe_fields(layout: Layout) -> list[str]:
     lines = ["fields:"]
     for name, group in layout.ragged.items():
@@ -249,6 +259,7 @@ def _print_lengths(
     lengths: npt.NDArray[np.int64],
     primary: str | None,
     batch_size: int,
+    pack: int | None,
     write: Callable[[str], None],
 ) -> None:
     stats = "  ".join(
@@ -269,12 +280,25 @@ def _print_lengths(
         )
     else:
         write(f"  length-grouped batches  {padding_efficiency(lengths, grouped):7.1%}")
+    if pack is not None:
+        longer = int(np.count_nonzero(lengths > pack))
+        write(
+            f"packing efficiency at seq_len {pack:,}, {batch_size} rows a batch (real tokens / "
+            "rows x seq_len):"
+        )
+        note = f"  ({longer:,} samples longer than {pack:,} split)" if longer else ""
+        write(f"  packed batches          {packing_efficiency(lengths, pack, batch_size):7.1%}{note}")
 
 
-def run_inspect(path: Path, *, batch_size: int, verify: bool, out: TextIO) -> int:
-    """Print the report to ``out``; returns 0 for a valid file and 1 for an invalid one."""
+def run_inspect(
+    path: Path, *, batch_size: int, verify: bool, out: TextIO, pack: int | None = None
+) -> int:
+    """Print the report to ``out``; returns 0 for a valid file and 1 for an invalid one.
+    ``pack``: also the packing efficiency at that ``seq_len``, ``batch_size`` rows a batch."""
     if batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
+    if pack is not None and pack < 1:
+        raise UsageError(f"--pack must be >= 1 (tokens per packed row), got {pack}")
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     try:
@@ -299,7 +323,7 @@ def run_inspect(path: Path, *, batch_size: int, verify: bool, out: TextIO) -> in
             if key in f.attrs:
                 write(f"{key}: {f.attrs[key]}")
         if layout.lengths is not None and layout.samples and not layout.problems:
-            _print_lengths(layout.lengths[:], layout.primary, batch_size, write)
+            _print_lengths(layout.lengths[:], layout.primary, batch_size, pack, write)
         problems = list(layout.problems)
         if verify and not problems:
             problems += check_fully(f, layout)

@@ -3,8 +3,9 @@
 ``DataLoader`` as the baseline.
 
 Every configuration loads the same :class:`~fastload._metrics._bench_data.BatchPlan` (as
-``batch_sampler=``) and collates with the same ``PadCollate``; torch's DataLoader reads each
-batch with the dataset's ``__getitems__`` (one vectorized read per batch, the best a torch
+``batch_sampler=``) and collates with the same ``PadCollate`` (packed plans: the dataset read
+through ``PackedSource`` and collated by the same ``PackCollate``); torch's DataLoader reads
+each batch with the dataset's ``__getitems__`` (one vectorized read per batch, the best a torch
 user can do with these readers). The loop is timed by a :class:`StallMeter` — the first wait
 includes creating the iterator, so worker start-up is in ``first_batch_s``; the process tree's
 memory is read once, untimed, after the last step (see ``_bench_memory``).
@@ -84,6 +85,8 @@ class BenchRow:
     pss_bytes: int | None
     padding_efficiency: float | None
     diagnosis: str
+    #: Packed batches: real tokens / rows * seq_len, in place of ``padding_efficiency``.
+    packing_efficiency: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,19 +105,33 @@ def configurations(options: BenchOptions) -> list[tuple[str, int, int | None]]:
     return runs
 
 
+def make_collate(dataset: Any, plan: BatchPlan) -> fastload.PadCollate | fastload.PackCollate:
+    """What both loaders collate ``plan``'s batches with: ``PadCollate`` padding to each
+    batch's longest row, or for a packed plan ``PackCollate`` into rows of its length."""
+    if plan.pack_length is None:
+        return fastload.PadCollate(primary=dataset.length_field)
+    return fastload.PackCollate(plan.pack_length, rows=plan.rows[0], primary=dataset.length_field)
+
+
 def make_loader(
     loader: str,
     dataset: Any,
     plan: BatchPlan,
-    collate: fastload.PadCollate,
+    collate: fastload.PadCollate | fastload.PackCollate,
     *,
     workers: int,
     prefetch: int | None,
     device: torch.device,
 ) -> Iterable[Any]:
     """fastload's or torch's DataLoader over ``plan``; fastload copies batches to a CUDA
-    ``device`` itself, torch pins them for the step's copy (what a torch user writes)."""
-    batch_sampler = list(plan.batches)
+    ``device`` itself, torch pins them for the step's copy (what a torch user writes). Packed
+    plans read ``dataset`` through ``PackedSource``, which both loaders hand the packed
+    batches."""
+    batch_sampler: list[Any] = list(plan.batches)
+    if plan.pack_length is not None:
+        from fastload._collate import PackedSource
+
+        dataset = PackedSource(dataset, seq_len=plan.pack_length, rows=plan.rows[0])
     if loader == "fastload":
         return fastload.DataLoader(
             dataset,
@@ -141,6 +158,7 @@ def measure(
     after the last step. Rows and tokens are counted from ``plan`` (the batches arrive in the
     plan's order)."""
     meter = StallMeter()
+    meter.packing = plan.pack_length is not None
     pss: int | None = None
     meter.begin_wait()
     batches = iter(loader)  # inside the first wait: worker start-up is start-up
@@ -171,7 +189,7 @@ def run_configuration(
     *,
     dataset: Any,
     plan: BatchPlan,
-    collate: fastload.PadCollate,
+    collate: fastload.PadCollate | fastload.PackCollate,
     step: Step,
     step_name: str,
     device: torch.device,
@@ -197,6 +215,7 @@ def run_configuration(
         pss_bytes=pss,
         padding_efficiency=stats.padding_efficiency,
         diagnosis=stats.diagnosis,
+        packing_efficiency=stats.packing_efficiency,
     )
 
 

@@ -2,9 +2,10 @@
 that every configuration, fastload's and torch's, then loads.
 
 The plan is computed once, before any measurement: lists of sample indices (length-grouped
-when the dataset has a ragged field, else a seeded shuffle) and, per batch, its rows, real
-tokens and padded tokens (rows * the longest row, as ``PadCollate`` pads by default). Counting
-from the plan costs nothing during the measured loop.
+when the dataset has a ragged field, else a seeded shuffle), or with ``--pack N`` packed batches
+(``PackedBatchSampler``'s), and, per batch, its rows, real tokens and padded tokens (rows * the
+longest row, as ``PadCollate`` pads by default; packed: rows * N). Counting from the plan costs
+nothing during the measured loop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 import fastload
+from fastload._types import PackedBatch
 from fastload.errors import DataFileNotFoundError, UsageError
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
@@ -52,13 +54,16 @@ class BatchPlan:
 
     ``rows[i]`` is batch ``i``'s number of samples; ``real_tokens[i]`` and ``padded_tokens[i]``
     its tokens of the length field before and after padding (``None`` when the dataset has no
-    ragged field); ``skipped`` counts samples longer than ``max_tokens``, left out."""
+    ragged field); ``skipped`` counts samples longer than ``max_tokens``, left out.
+    ``pack_length``: the batches are :class:`~fastload._types.PackedBatch` rows of that many
+    tokens (``None``: lists of sample indices)."""
 
-    batches: tuple[list[int], ...]
+    batches: tuple[list[int] | PackedBatch, ...]
     rows: tuple[int, ...]
     real_tokens: tuple[int, ...] | None
     padded_tokens: tuple[int, ...] | None
     skipped: int = 0
+    pack_length: int | None = None
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -71,6 +76,15 @@ class BatchPlan:
 
     @property
     def padding_efficiency(self) -> float | None:
+        """Real over padded tokens of padded batches (``None`` for packed ones)."""
+        return None if self.pack_length is not None else self._real_share()
+
+    @property
+    def packing_efficiency(self) -> float | None:
+        """Real tokens over rows * ``pack_length`` of packed batches (``None`` otherwise)."""
+        return None if self.pack_length is None else self._real_share()
+
+    def _real_share(self) -> float | None:
         if self.real_tokens is None or self.padded_tokens is None or not sum(self.padded_tokens):
             return None
         return sum(self.real_tokens) / sum(self.padded_tokens)
@@ -85,14 +99,31 @@ def dataset_lengths(dataset: Any) -> np.ndarray | None:
 
 
 def make_plan(
-    dataset: Any, *, batches: int, batch_size: int | None, max_tokens: int | None, seed: int = 0
+    dataset: Any,
+    *,
+    batches: int,
+    batch_size: int | None,
+    max_tokens: int | None,
+    seed: int = 0,
+    pack_length: int | None = None,
 ) -> BatchPlan:
     """``batches`` batches: length-grouped (``LengthGroupedBatchSampler`` with ``batch_size``
     and/or ``max_tokens``, shuffled with ``seed``, epoch after epoch until there are enough) when
-    the dataset has a ragged field; else ``batch_size`` samples of a seeded permutation."""
+    the dataset has a ragged field; else ``batch_size`` samples of a seeded permutation. With
+    ``pack_length``, packed batches of that ``seq_len`` (see :func:`make_packed_plan`)."""
     lengths = dataset_lengths(dataset)
     if len(dataset) == 0:
         raise UsageError(f"DATA {describe(dataset)} holds no samples; there is nothing to load")
+    if pack_length is not None:
+        if lengths is None:
+            raise UsageError(
+                f"--pack needs a ragged field to pack; {describe(dataset)} has only fixed and "
+                f"object fields ({', '.join(dataset.fields)})"
+            )
+        return make_packed_plan(
+            lengths, batches=batches, seq_len=pack_length, rows=batch_size,
+            max_tokens=max_tokens, seed=seed,
+        )
     if lengths is None:
         if max_tokens is not None:
             raise UsageError(
@@ -126,6 +157,55 @@ def make_plan(
     real = tuple(int(lengths[b].sum()) for b in plan)
     padded = tuple(len(b) * int(lengths[b].max()) for b in plan)
     return BatchPlan(tuple(plan), rows, real, padded, skipped=int(sampler.skipped))
+
+
+def make_packed_plan(
+    lengths: np.ndarray,
+    *,
+    batches: int,
+    seq_len: int,
+    rows: int | None,
+    max_tokens: int | None,
+    seed: int = 0,
+) -> BatchPlan:
+    """``batches`` packed batches of ``PackedBatchSampler`` (``rows`` rows, or ``max_tokens //
+    seq_len``; samples longer than ``seq_len`` split; shuffled with ``seed``, epoch after epoch
+    until there are enough); a :class:`UsageError` repeats the sampler's reason for bad
+    options."""
+    try:
+        sampler = fastload.PackedBatchSampler(
+            lengths,
+            seq_len=seq_len,
+            rows=rows if max_tokens is None else None,
+            max_tokens=max_tokens,
+            shuffle=True,
+            seed=seed,
+            num_replicas=1,
+            rank=0,
+        )
+    except ValueError as error:
+        raise UsageError(f"--pack {seq_len}: {error}") from None
+    if rows is not None and max_tokens is not None and rows != sampler.rows:
+        raise UsageError(
+            f"--pack {seq_len} with --max-tokens {max_tokens} makes batches of {sampler.rows} "
+            f"rows, but --batch-size says {rows}: give one of them"
+        )
+    if len(sampler) == 0:
+        raise UsageError(f"--pack {seq_len}: the data holds no token to pack")
+    plan: list[PackedBatch] = []
+    epoch = 0
+    while len(plan) < batches:
+        sampler.set_epoch(epoch)
+        plan.extend(sampler)
+        epoch += 1
+    plan = plan[:batches]
+    return BatchPlan(
+        tuple(plan),
+        tuple(b.rows for b in plan),
+        tuple(b.num_tokens for b in plan),
+        tuple(b.rows * seq_len for b in plan),
+        pack_length=seq_len,
+    )
 
 
 def _shuffled_plan(samples: int, batches: int, batch_size: int, seed: int) -> BatchPlan:

@@ -94,7 +94,7 @@ class TinyModel(nn.Module):
 
 class TinyModelStep:
     """One optimizer step of :class:`TinyModel` on batch field ``field`` (with its
-    ``attention_mask`` when the field is ragged). Ends with ``float(loss)``, which waits for
+    ``attention_mask`` when the field is ragged and padded; packed rows are pooled whole). Ends with ``float(loss)``, which waits for
     the device, so the step's device time is inside the step and not in the next wait."""
 
     def __init__(self, name: str, field: Field, device: torch.device) -> None:
@@ -113,7 +113,8 @@ class TinyModelStep:
     def __call__(self, batch: Any) -> None:
         batch = to_device(batch, self.device)
         x = batch[self.field]
-        logits = self.model(x, batch["attention_mask"] if self.ragged else None)
+        # Packed rows have no attention_mask: they are nearly all real tokens, pooled whole.
+        logits = self.model(x, batch.get("attention_mask") if self.ragged else None)
         target = torch.zeros(x.shape[0], dtype=torch.int64, device=self.device)
         loss = nn.functional.cross_entropy(logits, target)
         self.optimizer.zero_grad(set_to_none=True)

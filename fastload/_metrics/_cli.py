@@ -18,7 +18,13 @@ import torch
 
 import fastload
 from fastload._metrics._autotune import available_cores
-from fastload._metrics._bench import BenchOptions, BenchRow, configurations, run_configuration
+from fastload._metrics._bench import (
+    BenchOptions,
+    BenchRow,
+    configurations,
+    make_collate,
+    run_configuration,
+)
 from fastload._metrics._bench_data import BatchPlan, describe, make_plan, open_dataset
 from fastload._metrics._bench_memory import pss_available
 from fastload._metrics._bench_report import recommend, table_header, table_row, write_results
@@ -41,13 +47,15 @@ recommend the smallest num_workers/prefetch_factor whose stall is under 2 %."""
 EPILOG = """\
 The step is simulated (--step-ms: a sleep that uses no CPU, like a GPU step) or a real small
 model (--model tiny, on the GPU when there is one). Both loaders read the same length-grouped
-batch plan and pad with the same PadCollate; torch's DataLoader reads each batch with the
-dataset's __getitems__. The first batch of each run is start-up and is not in the stall.
+batch plan and pad with the same PadCollate (with --pack N: the same packed plan, rows of N
+tokens, built by the same PackCollate); torch's DataLoader reads each batch with the dataset's
+__getitems__. The first batch of each run is start-up and is not in the stall.
 
 examples:
   fastload bench corpus.h5
   fastload bench corpus.h5 --workers 1,2,4,8 --step-ms 20 --out bench-results
   fastload bench shards/ --max-tokens 16384 --model tiny
+  fastload bench corpus.h5 --pack 2048 --batch-size 8    packed rows of 2048 tokens
   fastload bench corpus.h5 --smoke                      a few seconds, to try it out"""
 
 #: --smoke: every unset option becomes tiny (explicit options still win).
@@ -69,6 +77,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", metavar="N", help="rows per batch (default 64)")
     parser.add_argument(
         "--max-tokens", metavar="N", help="batches by token budget (rows * longest row <= N)"
+    )
+    parser.add_argument(
+        "--pack", metavar="N",
+        help="packed batches: rows of N tokens (--batch-size rows, or --max-tokens // N)",
     )
     parser.add_argument("--step-ms", metavar="LIST", help="simulated step times (default 2,10,50)")
     parser.add_argument("--model", metavar="tiny", help="train a small real model instead of sleeping")
@@ -92,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def options_from_args(args: argparse.Namespace) -> tuple[BenchOptions, int | None, int | None]:
-    """The sweep, the batch size and the token budget; a :class:`UsageError` for a bad value."""
+    """The sweep, the batch size (rows, also of packed batches) and the token budget; a
+    :class:`UsageError` for a bad value."""
     smoke: dict[str, Any] = SMOKE if args.smoke else {}
     if args.step_ms is not None and args.model is not None:
         raise UsageError("--step-ms and --model are exclusive: a step is either simulated or real")
@@ -113,10 +126,14 @@ def options_from_args(args: argparse.Namespace) -> tuple[BenchOptions, int | Non
 
 def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     options, batch_size, max_tokens = options_from_args(args)
+    pack = _int("--pack", args.pack)
     if args.device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}; got {args.device!r}")
     dataset = open_dataset(args.data)
-    plan = make_plan(dataset, batches=options.batches, batch_size=batch_size, max_tokens=max_tokens)
+    plan = make_plan(
+        dataset, batches=options.batches, batch_size=batch_size, max_tokens=max_tokens,
+        pack_length=pack,
+    )
     device = resolve_device(args.device)
     steps: list[tuple[str, Callable[[Any], None]]]
     if options.model is not None:
@@ -125,7 +142,7 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         steps = [(tiny.name, tiny)]
     else:
         steps = [(s.name, s) for s in (SleepStep(ms, device) for ms in options.step_ms)]
-    collate = fastload.PadCollate(primary=dataset.length_field)
+    collate = make_collate(dataset, plan)
     cores = available_cores()
     say(_summary(dataset, plan, batch_size, max_tokens, device, cores))
     if not pss_available():
@@ -163,8 +180,11 @@ def _summary(
     shape = f"up to {max_tokens:,} tokens" if max_tokens is not None else f"{batch_size} rows"
     if max_tokens is not None and batch_size is not None:
         shape += f" and {batch_size} rows"
-    padding = plan.padding_efficiency
+    padding, packing = plan.padding_efficiency, plan.packing_efficiency
     extra = "" if padding is None else f", padding efficiency {padding * 100:.0f} %"
+    if plan.pack_length is not None:
+        shape = f"{plan.rows[0]} packed rows of {plan.pack_length:,} tokens"
+        extra = "" if packing is None else f", packing efficiency {packing * 100:.1f} %"
     if plan.skipped:
         extra += f", {plan.skipped} samples over the budget skipped"
     return (
@@ -193,11 +213,13 @@ def _meta(
             "batches": options.batches,
             "batch_size": batch_size,
             "max_tokens": max_tokens,
+            "pack_length": plan.pack_length,
         },
         "plan": {
             "batches": len(plan),
             "samples": sum(plan.rows),
             "padding_efficiency": plan.padding_efficiency,
+            "packing_efficiency": plan.packing_efficiency,
             "skipped_samples": plan.skipped,
         },
     }

@@ -86,6 +86,32 @@ def test_the_tiny_model_and_a_token_budget_run_end_to_end(tmp_path: Path, capsys
     assert "tiny (cpu)" in out and "recommendation:" in out
 
 
+def test_pack_benchmarks_packed_batches_and_reports_packing_efficiency(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_corpus(tmp_path / "corpus.h5")
+    code = fastload_main(
+        ["bench", str(data), "--smoke", "--pack", "256", "--batch-size", "4", "--workers", "0,1",
+         "--batches", "4", "--out", str(tmp_path / "out")]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    summary = out.splitlines()[0]
+    assert "4 batches of 4 packed rows of 256 tokens per run, packing efficiency" in summary
+    assert "padding efficiency" not in summary
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["options"]["pack_length"] == 256
+    plan = saved["plan"]
+    assert plan["padding_efficiency"] is None and 0.9 < plan["packing_efficiency"] <= 1
+    assert [(r["loader"], r["workers"]) for r in saved["rows"]] == [
+        ("fastload", 0), ("torch", 0), ("fastload", 1), ("torch", 1),
+    ]
+    for r in saved["rows"]:
+        assert r["samples"] == 16  # 4 batches of 4 rows, through both loaders
+        assert r["padding_efficiency"] is None
+        assert r["packing_efficiency"] == pytest.approx(plan["packing_efficiency"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -94,6 +120,7 @@ def test_the_tiny_model_and_a_token_budget_run_end_to_end(tmp_path: Path, capsys
         (["corpus.h5", "--step-ms", "5", "--model", "tiny"], "--step-ms and --model are exclusive"),
         (["corpus.h5", "--device", "tpu"], "--device must be one of auto, cpu, cuda; got 'tpu'"),
         (["notes.txt"], "unknown file type .txt"),
+        (["corpus.h5", "--pack", "0"], "--pack must be >= 1; got 0"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(

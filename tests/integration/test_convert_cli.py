@@ -140,6 +140,20 @@ def test_inspect_reports_fields_lengths_padding_and_a_verdict(
     assert out.rstrip().endswith("verdict: OK (every offset, length and id checked)")
 
 
+def test_inspect_pack_adds_the_packing_efficiency_at_that_seq_len(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_corpus(tmp_path / "c.txt", 500)
+    fastload_main(["convert", str(tmp_path / "c.txt"), "-o", str(tmp_path / "c.h5"), "--quiet"])
+    assert fastload_main(["inspect", str(tmp_path / "c.h5"), "--batch-size", "4"]) == 0
+    assert "packing efficiency" not in capsys.readouterr().out
+    assert fastload_main(["inspect", str(tmp_path / "c.h5"), "--batch-size", "4", "--pack", "512"]) == 0
+    out = capsys.readouterr().out
+    assert "padding efficiency at batch size 4" in out  # what it shows without --pack stays
+    assert "packing efficiency at seq_len 512, 4 rows a batch" in out
+    assert "packed batches" in out and out.rstrip().endswith("verdict: OK (structure checked; --verify checks every offset)")
+
+
 def test_inspect_verify_finds_corrupted_offsets_and_lengths(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import Run
 
+import fastload
 from fastload._convert._inspect import (
     check_fully,
     grouped_batches,
@@ -19,6 +20,7 @@ from fastload._convert._inspect import (
     read_layout,
     run_inspect,
 )
+from fastload.errors import UsageError
 
 
 def test_padding_efficiency_is_real_over_padded_tokens() -> None:
@@ -102,3 +104,29 @@ def test_shards_and_fixed_fields_are_described(tmp_path: Path, run: Run) -> None
     text = out.getvalue()
     assert "2 samples" in text and "shard 1 of 2" in text
     assert "y" in text and "fixed   int64" in text and "scalar per sample" in text
+
+
+def test_pack_adds_the_packed_rows_real_share_at_that_seq_len(tmp_path: Path) -> None:
+    lengths = np.random.default_rng(2).integers(1, 400, 3000)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    write_layout(tmp_path / "f.h5", offsets=offsets, lengths=lengths.tolist(), values=offsets[-1])
+    reports = {}
+    for pack in (None, 256, 1024):
+        out = io.StringIO()
+        assert run_inspect(tmp_path / "f.h5", batch_size=4, verify=False, out=out, pack=pack) == 0
+        reports[pack] = out.getvalue()
+    assert "packing efficiency" not in reports[None]
+    for pack in (256, 1024):
+        planned = fastload.PackedBatchSampler(lengths, seq_len=pack, rows=4).efficiency()
+        longer = int((lengths > pack).sum())
+        assert f"packing efficiency at seq_len {pack:,}, 4 rows a batch" in reports[pack]
+        split = f"  ({longer:,} samples longer than {pack:,} split)" if longer else ""
+        assert f"  packed batches          {planned:7.1%}{split}\n" in reports[pack]
+    # The two row lengths plan differently: the figure follows --pack.
+    assert reports[256].splitlines()[-2] != reports[1024].splitlines()[-2]
+
+
+def test_pack_below_one_token_is_a_usage_error(tmp_path: Path) -> None:
+    write_layout(tmp_path / "f.h5", offsets=[0, 2, 4], lengths=[2, 2], values=4)
+    with pytest.raises(UsageError, match="--pack must be >= 1"):
+        run_inspect(tmp_path / "f.h5", batch_size=4, verify=False, out=io.StringIO(), pack=0)

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import h5py
@@ -16,7 +17,15 @@ import pytest
 import torch
 
 import fastload
-from fastload._metrics._bench import BenchOptions, BenchRow, configurations, make_loader, measure
+from fastload._collate import PackedSource
+from fastload._metrics._bench import (
+    BenchOptions,
+    BenchRow,
+    configurations,
+    make_collate,
+    make_loader,
+    measure,
+)
 from fastload._metrics._bench_data import make_plan, open_dataset
 from fastload._metrics._bench_report import (
     PLOT_HINT,
@@ -124,6 +133,54 @@ def test_plan_counts_are_what_both_loaders_deliver(tmp_path: Path) -> None:
                for b in batches]
         assert got == [plan.counts(i) for i in range(len(plan))], loader
     assert all(padded <= 400 for _, _, padded in got)
+
+
+def test_packed_plan_is_what_both_loaders_deliver_in_packed_rows(tmp_path: Path) -> None:
+    dataset = open_dataset(str(write_h5(tmp_path / "d.h5")))
+    plan = make_plan(dataset, batches=40, batch_size=4, max_tokens=None, pack_length=64)  # > 1 epoch
+    assert len(plan) == 40 and plan.pack_length == 64 and set(plan.rows) == {4}
+    assert plan.padding_efficiency is None and plan.packing_efficiency == pytest.approx(
+        sum(b.num_tokens for b in plan.batches) / (40 * 4 * 64)
+    )
+    assert plan.counts(0) == (4, plan.batches[0].num_tokens, 4 * 64)
+    collate = make_collate(dataset, plan)
+    source = PackedSource(dataset, seq_len=64, rows=4)
+    expected = [collate(source.read_batch(b)) for b in plan.batches]
+    for loader in ("fastload", "torch"):
+        batches = list(make_loader(loader, dataset, plan, collate, workers=0, prefetch=None, device=CPU))
+        assert len(batches) == 40, loader
+        for got, want in zip(batches, expected, strict=True):
+            assert got["tokens"].shape == (4, 64) and "cu_seqlens" in got, loader
+            for name in ("tokens", "position_ids", "document_ids", "cu_seqlens"):
+                assert torch.equal(got[name], want[name]), (loader, name)
+
+
+def test_measure_reports_a_packed_plan_as_packing_efficiency(tmp_path: Path) -> None:
+    dataset = open_dataset(str(write_h5(tmp_path / "d.h5")))
+    plan = make_plan(dataset, batches=3, batch_size=2, max_tokens=None, pack_length=128)
+    batches = make_loader(
+        "fastload", dataset, plan, make_collate(dataset, plan), workers=0, prefetch=None, device=CPU
+    )
+    name, field = model_field(dataset)
+    stats, _ = measure(batches, plan, TinyModelStep(name, field, CPU), workers=0)
+    assert stats.padding_efficiency is None
+    assert stats.packing_efficiency == pytest.approx(plan.packing_efficiency)
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "max_tokens", "ragged", "message"),
+    [
+        (3, 256, True, "makes batches of 4 rows, but --batch-size says 3"),
+        (None, 32, True, "max_tokens=32 is less than seq_len=64"),
+        (4, None, False, "--pack needs a ragged field"),
+    ],
+)
+def test_bad_packing_options_are_usage_errors(
+    tmp_path: Path, batch_size: int | None, max_tokens: int | None, ragged: bool, message: str
+) -> None:
+    dataset = open_dataset(str(write_h5(tmp_path / "d.h5", ragged=ragged)))
+    with pytest.raises(UsageError, match=re.escape(message)):
+        make_plan(dataset, batches=2, batch_size=batch_size, max_tokens=max_tokens, pack_length=64)
 
 
 def test_a_dataset_without_ragged_fields_gets_shuffled_fixed_size_batches(tmp_path: Path) -> None:
