@@ -307,6 +307,65 @@ done:
 }
 
 
+/* Packed rows (see pack_rows' doc): row r holds pieces row_at[r]..row_at[r + 1] - 1, piece p
+ * being count[p] elements of src from element first[p]. labels, positions, documents and cu
+ * (the segment boundaries: every piece, and each row's padding run) may be NULL. Returns the
+ * longest segment. Bounds are the caller's to check. */
+static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_t items,
+                            const int64_t *first, const int64_t *count, const int64_t *row_at,
+                            Py_ssize_t rows, unsigned char *ids, int out_type, Py_ssize_t seq_len,
+                            const unsigned char *pad, int64_t *labels, long long label_pad,
+                            int64_t *positions, int32_t *documents, int32_t *cu) {
+    Py_ssize_t src_item = type_size[source_type] * items, out_item = type_size[out_type] * items;
+    convert_fn convert = converters[source_type][out_type];
+    convert_fn to_int64 = converters[source_type][T_I64];
+    int same = source_type == out_type;
+    int64_t longest = 0;
+    Py_ssize_t segment = 0;
+    if (cu != NULL) cu[0] = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        Py_ssize_t at = 0, base = r * seq_len;
+        int32_t doc = 0;
+        for (int64_t p = row_at[r]; p < row_at[r + 1]; p++, doc++) {
+            Py_ssize_t n = (Py_ssize_t)count[p];
+            const unsigned char *from = src + first[p] * src_item;
+            if (same)
+                memcpy(ids + (base + at) * out_item, from, (size_t)(n * src_item));
+            else
+                convert(from, ids + (base + at) * out_item, n * items);
+            if (labels != NULL) {
+                to_int64(from, labels + base + at, n);
+                labels[base + at] = label_pad;
+            }
+            if (positions != NULL)
+                for (Py_ssize_t k = 0; k < n; k++) positions[base + at + k] = k;
+            if (documents != NULL)
+                for (Py_ssize_t k = 0; k < n; k++) documents[base + at + k] = doc;
+            at += n;
+            if (n > longest) longest = n;
+            if (cu != NULL) {
+                cu[segment + 1] = (int32_t)(base + at);
+                segment++;
+            }
+        }
+        Py_ssize_t gap = seq_len - at;
+        fill(ids + (base + at) * out_item, gap * items, pad, type_size[out_type]);
+        for (Py_ssize_t k = 0; k < gap; k++) {
+            if (labels != NULL) labels[base + at + k] = label_pad;
+            if (positions != NULL) positions[base + at + k] = k;
+            if (documents != NULL) documents[base + at + k] = doc;
+        }
+        if (gap > 0) {
+            if (gap > longest) longest = gap;
+            if (cu != NULL) {
+                cu[segment + 1] = (int32_t)(base + seq_len);
+                segment++;
+            }
+        }
+    }
+    return longest;
+}
+
 PyDoc_STRVAR(pack_rows_doc,
 "pack_rows(source, source_type, items, starts, lengths, row_offsets, out, out_type, seq_len,\n"
 "          pad_int, pad_float, labels, label_pad, positions, documents)\n\n"
@@ -378,44 +437,13 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
 
     unsigned char pad[8];
     encode(out_type, pad_int, pad_float, pad);
-    unsigned char *ids = (unsigned char *)out.buf;
     int64_t *labels = held[0] ? (int64_t *)extra[0].buf : NULL;
     int64_t *positions = held[1] ? (int64_t *)extra[1].buf : NULL;
     int32_t *documents = held[2] ? (int32_t *)extra[2].buf : NULL;
-    const unsigned char *src = (const unsigned char *)source.buf;
-    Py_ssize_t src_item = type_size[source_type] * items, out_item = type_size[out_type] * items;
-    convert_fn convert = converters[source_type][out_type];
-    convert_fn to_int64 = converters[source_type][T_I64];
-    int same = source_type == out_type;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        Py_ssize_t at = 0, base = r * seq_len;
-        int32_t doc = 0;
-        for (int64_t p = row_at[r]; p < row_at[r + 1]; p++, doc++) {
-            Py_ssize_t n = (Py_ssize_t)count[p];
-            const unsigned char *from = src + first[p] * src_item;
-            if (same)
-                memcpy(ids + (base + at) * out_item, from, (size_t)(n * src_item));
-            else
-                convert(from, ids + (base + at) * out_item, n * items);
-            if (labels != NULL) {
-                to_int64(from, labels + base + at, n);
-                labels[base + at] = label_pad;
-            }
-            if (positions != NULL)
-                for (Py_ssize_t k = 0; k < n; k++) positions[base + at + k] = k;
-            if (documents != NULL)
-                for (Py_ssize_t k = 0; k < n; k++) documents[base + at + k] = doc;
-            at += n;
-        }
-        Py_ssize_t gap = seq_len - at;
-        fill(ids + (base + at) * out_item, gap * items, pad, type_size[out_type]);
-        for (Py_ssize_t k = 0; k < gap; k++) {
-            if (labels != NULL) labels[base + at + k] = label_pad;
-            if (positions != NULL) positions[base + at + k] = k;
-            if (documents != NULL) documents[base + at + k] = doc;
-        }
-    }
+    (void)write_packed((const unsigned char *)source.buf, source_type, items, first, count, row_at, rows,
+                 (unsigned char *)out.buf, out_type, seq_len, pad, labels, label_pad, positions,
+                 documents, NULL);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
@@ -432,10 +460,128 @@ done:
     return result;
 }
 
+#define PACK_MAGIC (-0x5041434BLL)
+
+PyDoc_STRVAR(gather_pack_doc,
+"gather_pack(values, values_type, items, offsets, plan, out, base, capacity, out_type,\n"
+"            pad_int, pad_float, label_pad, seq_len, align)\n\n"
+"A packed batch in one call, for one ragged field held whole in memory (sample i is\n"
+"values[offsets[i]:offsets[i + 1]]): `plan` is a PackedBatch's int64 encoding. Checks the\n"
+"plan against the samples and `seq_len`, lays out in `out` from byte `base` the ids\n"
+"([rows, seq_len], out_type), position_ids, labels (int64), document_ids (int32), cu_seqlens\n"
+"(int32) and max_seqlen (int64), each at a multiple of `align`, and writes them.\n"
+"Returns (status, rows, segments, real, nbytes, positions_at, labels_at, documents_at,\n"
+"cu_at, max_at): status 0 written, 1 more than `capacity` bytes needed (nothing written),\n"
+"2 a plan this call does not take (nothing written: the general path says what is wrong).");
+
+static PyObject *gather_pack(PyObject *module, PyObject *args) {
+    Py_buffer values, offsets, plan, out;
+    int values_type, out_type;
+    Py_ssize_t items, base, capacity, seq_len, align;
+    long long pad_int, label_pad;
+    double pad_float;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*iny*y*w*nniLdLnn", &values, &values_type, &items, &offsets,
+                          &plan, &out, &base, &capacity, &out_type, &pad_int, &pad_float,
+                          &label_pad, &seq_len, &align))
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *first = NULL;
+    int status = 0;
+    Py_ssize_t rows = 0, pieces = 0, segments = 0, nbytes = 0;
+    Py_ssize_t pos_at = 0, lab_at = 0, doc_at = 0, cu_at = 0, max_at = 0;
+    long long real = 0;
+    if (!valid_type(values_type) || !valid_type(out_type) || items < 1 || seq_len < 1 ||
+        align < 1 || base < 0 || capacity < 0 || offsets.len % 8 || offsets.len < 8 ||
+        plan.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "gather_pack: invalid arguments");
+        goto done;
+    }
+    const int64_t *head = (const int64_t *)plan.buf, *off = (const int64_t *)offsets.buf;
+    Py_ssize_t words = plan.len / 8, samples = offsets.len / 8 - 1;
+    Py_ssize_t available = values.len / (items * type_size[values_type]);
+    if (words < 4 || head[0] != PACK_MAGIC || head[1] != seq_len || head[2] < 0 || head[3] < 0 ||
+        words != 4 + head[2] + 1 + 3 * head[3]) {
+        status = 2;
+        goto answer;
+    }
+    rows = (Py_ssize_t)head[2];
+    pieces = (Py_ssize_t)head[3];
+    const int64_t *row_at = head + 4, *sample = row_at + rows + 1;
+    const int64_t *start = sample + pieces, *stop = start + pieces;
+    first = PyMem_Malloc((size_t)(pieces > 0 ? pieces : 1) * 2 * sizeof(int64_t));
+    if (first == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *count = first + pieces;
+    if (row_at[0] != 0 || row_at[rows] != pieces) status = 2;
+    for (Py_ssize_t r = 0; r < rows && status == 0; r++) {
+        int64_t used = 0;
+        if (row_at[r + 1] < row_at[r]) {
+            status = 2;
+            break;
+        }
+        for (int64_t p = row_at[r]; p < row_at[r + 1]; p++) {
+            int64_t k = sample[p], n = stop[p] - start[p];
+            if (k < 0 || k >= samples || start[p] < 0 || n < 1 || n > seq_len ||
+                off[k] < 0 || off[k + 1] < off[k] || off[k] + stop[p] > off[k + 1] ||
+                off[k + 1] > available) {
+                status = 2;
+                break;
+            }
+            first[p] = off[k] + start[p];
+            count[p] = n;
+            used += n;
+        }
+        if (status == 0 && used > seq_len) status = 2;
+        if (status == 0) {
+            real += used;
+            segments += (row_at[r + 1] - row_at[r]) + (used < seq_len ? 1 : 0);
+        }
+    }
+    if (status != 0) goto answer;
+    Py_ssize_t cells = rows * seq_len;
+    pos_at = round_up(cells * items * type_size[out_type], align);
+    lab_at = round_up(pos_at + cells * 8, align);
+    doc_at = round_up(lab_at + cells * 8, align);
+    cu_at = round_up(doc_at + cells * 4, align);
+    max_at = round_up(cu_at + (segments + 1) * 4, align);
+    nbytes = round_up(max_at + 8, align);
+    if (nbytes > capacity) {
+        status = 1;
+        goto answer;
+    }
+    if (base + nbytes > out.len) {
+        PyErr_SetString(PyExc_ValueError, "gather_pack: the slot lies outside out");
+        goto done;
+    }
+    unsigned char *slot = (unsigned char *)out.buf + base, pad[8];
+    encode(out_type, pad_int, pad_float, pad);
+    Py_BEGIN_ALLOW_THREADS
+    int64_t longest = write_packed(
+        (const unsigned char *)values.buf, values_type, items, first, count, row_at, rows, slot,
+        out_type, seq_len, pad, (int64_t *)(slot + lab_at), label_pad,
+        (int64_t *)(slot + pos_at), (int32_t *)(slot + doc_at), (int32_t *)(slot + cu_at));
+    memcpy(slot + max_at, &longest, 8);
+    Py_END_ALLOW_THREADS
+answer:
+    result = Py_BuildValue("innLnnnnnn", status, rows, segments, real, nbytes, pos_at, lab_at,
+                           doc_at, cu_at, max_at);
+done:
+    PyMem_Free(first);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&plan);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pad_rows", pad_rows, METH_VARARGS, pad_rows_doc},
     {"gather_pad", gather_pad, METH_VARARGS, gather_pad_doc},
     {"pack_rows", pack_rows, METH_VARARGS, pack_rows_doc},
+    {"gather_pack", gather_pack, METH_VARARGS, gather_pack_doc},
     {NULL, NULL, 0, NULL},
 };
 

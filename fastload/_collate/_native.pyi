@@ -37,3 +37,21 @@ def pack_rows(
     documents: Any | None,
     /,
 ) -> None: ...
+
+def gather_pack(
+    values: Any,
+    values_type: int,
+    items: int,
+    offsets: Any,
+    plan: Any,
+    out: Any,
+    base: int,
+    capacity: int,
+    out_type: int,
+    pad_int: int,
+    pad_float: float,
+    label_pad: int,
+    seq_len: int,
+    align: int,
+    /,
+) -> tuple[int, int, int, int, int, int, int, int, int, int]: ...

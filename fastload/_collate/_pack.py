@@ -30,7 +30,7 @@ from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pack_into
 from fastload._collate._pack_plan import PieceColumns, check_plan, next_fit, piece_columns
 from fastload._collate._pack_source import PackedColumns
-from fastload._protocols import Layout
+from fastload._protocols import Layout, OneCallBuilder
 from fastload._types import Column, Counts, Field, PackedBatch, Ragged, Spans
 from fastload.errors import DataFormatError, FieldNotFoundError
 
@@ -186,6 +186,18 @@ class PackCollate:
         """Write the packed batch into ``out``, whose arrays must match ``layout(batch)``
         exactly (names, shapes, dtypes, C order); object fields are not written."""
         self.prepare(batch).write(out)
+
+    def one_call_builder(self, reader: Any) -> OneCallBuilder | None:
+        """A builder of ``reader``'s packed batches in one native call, or ``None`` where that
+        does not apply (see ``_pack_express.py``). A subclass that plans batches its own way
+        (overrides :meth:`prepare`) gets none."""
+        if type(self).prepare is not PackCollate.prepare:
+            return None
+        if self._fields is not None and len(self._fields) != 1:
+            return None
+        from fastload._collate._pack_express import pack_express_builder
+
+        return pack_express_builder(reader, self)
 
     def max_layout(self, reader: Any) -> Layout | None:
         """The largest layout a batch of ``reader`` can have, for sizing the shared-memory
