@@ -12,7 +12,7 @@ consumes: a dict from field name to
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -93,6 +93,8 @@ class PackedBatch:
     stops: npt.NDArray[np.int64]
     row_offsets: npt.NDArray[np.int64]
     seq_len: int
+    #: The :meth:`encode` array, where the batch was made from it (its columns view it).
+    encoded: npt.NDArray[np.int64] | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
@@ -126,6 +128,8 @@ class PackedBatch:
     def encode(self) -> npt.NDArray[np.int64]:
         """The batch as one int64 array: a header, the row offsets, then the three piece
         columns."""
+        if self.encoded is not None:
+            return self.encoded
         header = np.array([PACK_MAGIC, self.seq_len, self.rows, len(self)], dtype=np.int64)
         return np.concatenate((header, self.row_offsets, self.samples, self.starts, self.stops))
 
@@ -157,7 +161,16 @@ class PackedBatch:
         seq_len, rows, pieces = (int(v) for v in array[1:_PACK_HEADER])
         if seq_len < 1 or rows < 0 or pieces < 0 or array.size != _PACK_HEADER + rows + 1 + 3 * pieces:
             raise ValueError(f"packed batch header {array[:_PACK_HEADER].tolist()} does not fit its {array.size} values")
-        body = array[_PACK_HEADER:].astype(np.int64, copy=False)
+        encoded = array.astype(np.int64, copy=False)
+        body = encoded[_PACK_HEADER:]
         offsets = body[: rows + 1]
         columns = body[rows + 1 :].reshape(3, pieces)
-        return cls(columns[0], columns[1], columns[2], offsets, seq_len)
+        return cls(columns[0], columns[1], columns[2], offsets, seq_len, encoded)
+
+    @staticmethod
+    def empty_encoding(rows: int, pieces: int, seq_len: int) -> npt.NDArray[np.int64]:
+        """An uninitialised encoding of ``rows`` rows and ``pieces`` pieces with its header
+        written: ``[header, row_offsets, samples, starts, stops]`` for the caller to fill."""
+        encoded = np.empty(_PACK_HEADER + rows + 1 + 3 * pieces, dtype=np.int64)
+        encoded[:_PACK_HEADER] = (PACK_MAGIC, seq_len, rows, pieces)
+        return encoded

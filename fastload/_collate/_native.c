@@ -307,6 +307,35 @@ done:
 }
 
 
+/* One piece of int64 token ids in one pass over its source: ids, labels (the first one
+ * label_pad), positions and document ids together, for the source types token ids come in.
+ * Returns 0 (nothing written) for another source type. */
+#define FUSED(S)                                                                               \
+    do {                                                                                       \
+        const S *s = (const S *)from;                                                          \
+        for (Py_ssize_t k = 0; k < n; k++) {                                                   \
+            int64_t v = (int64_t)s[k];                                                         \
+            ids[k] = v;                                                                        \
+            labels[k] = v;                                                                     \
+            positions[k] = k;                                                                  \
+            documents[k] = doc;                                                                \
+        }                                                                                      \
+    } while (0)
+
+static int fused_int64(int source_type, const unsigned char *from, Py_ssize_t n, int64_t *ids,
+                       int64_t *labels, int64_t *positions, int32_t *documents, int32_t doc,
+                       long long label_pad) {
+    switch (source_type) {
+    case T_U16: FUSED(uint16_t); break;
+    case T_I32: FUSED(int32_t); break;
+    case T_U32: FUSED(uint32_t); break;
+    case T_I64: FUSED(int64_t); break;
+    default: return 0;
+    }
+    if (n > 0) labels[0] = label_pad;
+    return 1;
+}
+
 /* Packed rows (see pack_rows' doc): row r holds pieces row_at[r]..row_at[r + 1] - 1, piece p
  * being count[p] elements of src from element first[p]. labels, positions, documents and cu
  * (the segment boundaries: every piece, and each row's padding run) may be NULL. Returns the
@@ -329,6 +358,18 @@ static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_
         for (int64_t p = row_at[r]; p < row_at[r + 1]; p++, doc++) {
             Py_ssize_t n = (Py_ssize_t)count[p];
             const unsigned char *from = src + first[p] * src_item;
+            if (items == 1 && out_type == T_I64 && labels != NULL && positions != NULL &&
+                documents != NULL && fused_int64(source_type, from, n, (int64_t *)ids + base + at,
+                                                 labels + base + at, positions + base + at,
+                                                 documents + base + at, doc, label_pad)) {
+                at += n;
+                if (n > longest) longest = n;
+                if (cu != NULL) {
+                    cu[segment + 1] = (int32_t)(base + at);
+                    segment++;
+                }
+                continue;
+            }
             if (same)
                 memcpy(ids + (base + at) * out_item, from, (size_t)(n * src_item));
             else

@@ -119,19 +119,24 @@ class PackedEpoch:
         return self.batches.num_batches
 
     def batch(self, position: int) -> PackedBatch:
+        """Batch ``position``, built straight into its int64 encoding (what travels to the
+        workers), which the batch's columns view."""
         if position >= self.num_batches:
-            return PackedBatch(_EMPTY, _EMPTY, _EMPTY, np.zeros(self.rows + 1, dtype=np.int64), self.seq_len)
+            encoded = PackedBatch.empty_encoding(self.rows, 0, self.seq_len)
+            encoded[4:] = 0
+            return _viewing(encoded, self.rows, 0, self.seq_len)
         first_row, last_row = int(self.batches.starts[position]), int(self.batches.stops[position])
-        offsets = self.row_offsets[first_row : last_row + 1]
-        docs = self.order[offsets[0] : offsets[-1]]
+        begin, end = int(self.row_offsets[first_row]), int(self.row_offsets[last_row])
+        rows, pieces = last_row - first_row, end - begin
+        encoded = PackedBatch.empty_encoding(rows, pieces, self.seq_len)
+        np.subtract(self.row_offsets[first_row : last_row + 1], begin, out=encoded[4 : 5 + rows])
+        docs = self.order[begin:end]
+        columns = encoded[5 + rows :].reshape(3, pieces)
         documents = self.documents
-        return PackedBatch(
-            documents.sample[docs],
-            documents.start[docs],
-            documents.stop[docs],
-            offsets - offsets[0],
-            self.seq_len,
-        )
+        np.take(documents.sample, docs, out=columns[0])
+        np.take(documents.start, docs, out=columns[1])
+        np.take(documents.stop, docs, out=columns[2])
+        return _viewing(encoded, rows, pieces, self.seq_len)
 
     def efficiency(self) -> float:
         """Real tokens over the tokens of every batch (rows × ``seq_len``); rows that
@@ -143,6 +148,12 @@ class PackedEpoch:
         tokens = np.concatenate(([0], np.cumsum(self.documents.lengths[self.order])))
         before_row = tokens[self.row_offsets]  # tokens of all rows before each row
         return float((before_row[last] - before_row[first]).sum()) / capacity
+
+
+def _viewing(encoded: npt.NDArray[np.int64], rows: int, pieces: int, seq_len: int) -> PackedBatch:
+    """The batch whose encoding ``encoded`` is (made here, so not checked again), viewing it."""
+    columns = encoded[5 + rows :].reshape(3, pieces)
+    return PackedBatch(columns[0], columns[1], columns[2], encoded[4 : 5 + rows], seq_len, encoded)
 
 
 def plan_packed_epoch(
