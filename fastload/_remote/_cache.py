@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from fastload._storage import CACHE_REMEDY, cache_root, fsync_path
-from fastload._storage._lock import HeldLock, lock, try_lock
+from fastload._storage._lock import HeldLock, holder, lock, try_lock
 from fastload.errors import CacheError, FastloadError, StorageError
 
 #: Errors of a fetch that mean the cache's disk, not the store, failed: they become CacheError.
@@ -171,7 +171,10 @@ class ShardCache:
         if _size_of(final) == size:
             return final
         self._open()
-        with self._lock(key):
+        held = self._download_lock(key, final, size)
+        if held is None:
+            return final  # another process downloaded it while we waited
+        with held:
             found = _size_of(final)
             if found == size:
                 return final
@@ -179,6 +182,34 @@ class ShardCache:
                 final.unlink()
             self._download(key, size, checksum, fetch, source or key)
         return final
+
+    def _download_lock(self, key: str, final: Path, size: int) -> HeldLock | None:
+        """The exclusive lock to download ``key``, or ``None`` once the shard is complete.
+
+        Not a blocking wait on the lock: the process that downloads a shard usually pins it
+        at once (a shared lock on the same file) and keeps it pinned while it reads, so a
+        waiter would wait as long as that reader reads (and two readers each waiting for a
+        shard the other has pinned, forever). The waiter polls for the lock or the file."""
+        deadline = time.monotonic() + self.timeout_s
+        pause = 0.001
+        while True:
+            try:
+                held = try_lock(self._lock_file(key))
+            except OSError as exc:  # a directory we cannot write: say so, do not wait
+                raise self._disk_error(exc) from exc
+            if held is not None:
+                return held
+            if _size_of(final) == size:
+                return None
+            if time.monotonic() > deadline:
+                path = self._lock_file(key)
+                raise CacheError(
+                    f"{path}: waited {self.timeout_s:g} s for another process: {path} is locked "
+                    f"by {holder(path)}; if that process is stuck, stop it (its lock goes with it)",
+                    self.root, errno.ETIMEDOUT,
+                )  # fmt: skip
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     @contextmanager
     def pin(self, key: str) -> Iterator[Path]:

@@ -4,6 +4,7 @@ never collide, the eviction order, and arguments refused at once with the option
 from __future__ import annotations
 
 import math
+import os
 import random
 import re
 from pathlib import Path
@@ -142,3 +143,38 @@ def test_the_default_root_is_shards_under_the_cache_root(
 ) -> None:
     monkeypatch.setenv("FASTLOAD_CACHE", str(tmp_path / "elsewhere"))
     assert ShardCache().root == tmp_path / "elsewhere" / "shards"
+
+
+def test_a_waiter_takes_the_shard_another_downloaded_and_pinned(tmp_path: Path) -> None:
+    """A reader that downloads a shard pins it at once and keeps it pinned while it reads; a
+    second reader that was waiting for that download must take the finished shard, not wait
+    for the pin (two readers each waiting on a shard the other had pinned hung a loader)."""
+    import threading
+    import time
+
+    cache = ShardCache(tmp_path / "cache", timeout_s=30)
+    key = ShardCache.key("s3://b/c/", "x.h5", "v1")
+    data = b"x" * 1000
+    downloading, release = threading.Event(), threading.Event()
+
+    def slow_fetch(fd: int, start: int) -> None:
+        downloading.set()
+        time.sleep(0.3)
+        os.pwrite(fd, data[start:], start)
+
+    def first_reader() -> None:
+        cache.get(key, size=len(data), checksum=None, fetch=slow_fetch)
+        with cache.pin(key):
+            release.wait(10)  # reads for a long time
+
+    reader = threading.Thread(target=first_reader)
+    reader.start()
+    try:
+        assert downloading.wait(10)
+        started = time.monotonic()
+        path = cache.get(key, size=len(data), checksum=None, fetch=slow_fetch)
+        assert path.read_bytes() == data
+        assert time.monotonic() - started < 5  # not the 10 s the first reader keeps its pin
+    finally:
+        release.set()
+        reader.join()
