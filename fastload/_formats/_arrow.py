@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -19,8 +19,15 @@ from fastload._formats._cache import BlockCache
 from fastload._formats._fields import check_same_fields, pick_length_field, requested_names
 from fastload._formats._parquet_copy import copy_name, decoded_copy
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
+from fastload._formats._remote_source import (
+    RemoteSource,
+    check_as_indexed,
+    local_only,
+    remote_fields,
+)
 from fastload._formats._sniff import sniff
 from fastload._formats._validate import check_positive_int
+from fastload._remote import is_remote
 from fastload._storage import cache_root
 from fastload._types import Field
 from fastload.errors import DataFileNotFoundError, DataFormatError
@@ -128,6 +135,8 @@ class ArrowDataset(ShardedDataset):
         null_fill: NullFill | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         cache_dir: str | os.PathLike[str] | Literal[False] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         cache_bytes = check_positive_int("cache_bytes", cache_bytes, minimum=0)
         if cache_dir is not None and cache_dir is not False and not isinstance(
@@ -143,8 +152,24 @@ class ArrowDataset(ShardedDataset):
             )
         self._null_fill = null_fill
         requested = requested_names(fields)
-        files = resolve_paths(path, expand_directory=expand_directory)
         copies = None if cache_dir is False else cache_root(cache_dir) / "parquet"
+        self._requested, self._copies = requested, copies
+        if isinstance(path, str) and is_remote(path):
+            source = RemoteSource(
+                path,
+                storage_options=storage_options,
+                cache_dir=None if cache_dir is False else cache_dir,
+                cache_limit=cache_limit,
+            )
+            fields_read, length_name = remote_fields(source, "arrow", requested, length_field)
+            shard_sizes = [s.samples for s in source.index.shards]
+            super().__init__(source.urls, fields_read, shard_sizes, length_name, cache_bytes)
+            self._remote = source
+            self._specs: dict[str, ArrowField] = {}  # found in each shard as it is opened
+            self._read_paths = list(source.urls)
+            return
+        local_only("ArrowDataset", storage_options=storage_options, cache_limit=cache_limit)
+        files = resolve_paths(path, expand_directory=expand_directory)
         specs: dict[str, ArrowField] = {}
         sizes: list[int] = []
         read_paths: list[str] = []
@@ -179,6 +204,8 @@ class ArrowDataset(ShardedDataset):
         return source if read == source else copy_name(Path(source), Path(read))
 
     def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ArrowShard:
+        if self._remote is not None:
+            return self._open_remote_shard(shard, cache)
         first = int(self._shard_starts[shard])
         path, shown = self._read_paths[shard], self._shard_name(shard)
         try:
@@ -192,6 +219,27 @@ class ArrowDataset(ShardedDataset):
                 " again",
                 path,
             ) from exc
+
+
+    def _open_remote_shard(self, shard: int, cache: BlockCache[Any]) -> ArrowShard:
+        """A remote shard, once in the local cache, read as a local file is (a Parquet shard
+        through its decoded copy); its fields must be the index's."""
+        local = Path(self._remote_local_path(shard))
+        url = self._files[shard]
+        segments = open_segments(str(local))
+        read_path, shown = str(local), url
+        try:
+            specs = select_fields(url, segments.schema, self._requested)
+            specs = {name: specs[name] for name in self._fields if name in specs}
+            check_as_indexed(url, _described(specs), int(segments.rows.sum()), self)
+            if self._copies is not None and sniff(local) == "parquet":
+                copy, segments = _read_through_copy(local, segments, specs, self._copies)
+                read_path = str(copy)
+            first = int(self._shard_starts[shard])
+            check_nulls(segments, specs, self._null_fill, first, shown)
+        finally:
+            segments.close()
+        return ArrowShard(read_path, shard, int(self._shard_starts[shard]), specs, self._null_fill, cache, shown)
 
 
 def _read_through_copy(

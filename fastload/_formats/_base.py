@@ -12,7 +12,9 @@ from __future__ import annotations
 import abc
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast
 
@@ -29,6 +31,7 @@ from fastload._formats._columns import (
     permute_column,
     split_column,
 )
+from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field, Spans
 from fastload.errors import DataFileNotFoundError, DataFormatError
@@ -52,21 +55,35 @@ class ShardReader(Protocol):
     def close(self) -> None: ...
 
 
+#: Remote shards one process keeps open (and pinned in the shard cache) at most: the least
+#: recently read is closed first, so that the cache can evict what no process reads any more.
+MAX_OPEN_REMOTE_SHARDS = 8
+
+
 class _ProcessState:
     """The shard readers opened by one process, opened on first use, and the cache of decoded
-    blocks they share."""
+    blocks they share. For a remote dataset, also the pins that keep its open shards from
+    eviction, in the order the shards were last read."""
 
     def __init__(self, num_shards: int, cache_bytes: int) -> None:
         self.pid = os.getpid()
         self.readers: list[ShardReader | None] = [None] * num_shards
         self.cache: BlockCache[Any] = BlockCache(cache_bytes)
         self.lock = threading.Lock()
+        self.pins: OrderedDict[int, AbstractContextManager[Any]] = OrderedDict()
+
+    def close_shard(self, shard: int) -> None:
+        reader = self.readers[shard]
+        if reader is not None:
+            reader.close()
+            self.readers[shard] = None
+        pin = self.pins.pop(shard, None)
+        if pin is not None:
+            pin.__exit__(None, None, None)
 
     def close(self) -> None:
-        for i, reader in enumerate(self.readers):
-            if reader is not None:
-                reader.close()
-                self.readers[i] = None
+        for i in range(len(self.readers)):
+            self.close_shard(i)
 
 
 class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
@@ -92,6 +109,8 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         self._cache_bytes = cache_bytes
         self._process: _ProcessState | None = None
         self._lengths: npt.NDArray[np.int64] | None = None
+        #: Where the shards of a remote dataset come from (``None``: local files).
+        self._remote: RemoteSource | None = None
 
     # ---- what subclasses provide -------------------------------------------------------------
 
@@ -135,6 +154,8 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         whose length varies: every sample counts as length 1, so length grouping changes
         nothing and a token budget counts samples.
         """
+        if self._lengths is None and self._remote is not None:
+            self._cache_lengths(self._remote.index.lengths)  # never from the shards
         if self._lengths is None:
             if self._length_field is None:
                 self._cache_lengths(np.ones(self._num_samples, np.int64))
@@ -277,8 +298,25 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             with process.lock:
                 reader = process.readers[shard]
                 if reader is None:
+                    if self._remote is not None:
+                        self._make_room_to_open(process)
                     reader = process.readers[shard] = self._open_shard(shard, process.cache)
+        if self._remote is not None and process.pins:
+            process.pins.move_to_end(shard, last=True)
         return reader
+
+    def _make_room_to_open(self, process: _ProcessState) -> None:
+        """Close the least recently read remote shards past :data:`MAX_OPEN_REMOTE_SHARDS`."""
+        while len(process.pins) >= MAX_OPEN_REMOTE_SHARDS:
+            process.close_shard(next(iter(process.pins)))
+
+    def _remote_local_path(self, shard: int) -> str:
+        """A remote shard on the local disk, pinned until this process closes it (called by a
+        subclass's ``_open_shard``, under the process lock)."""
+        assert self._remote is not None and self._process is not None
+        path, pin = self._remote.open_pinned(shard)
+        self._process.pins[shard] = pin
+        return str(path)
 
     def _read(
         self,

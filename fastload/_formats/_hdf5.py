@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -27,7 +28,14 @@ from fastload._formats._hdf5_shard import (
 )
 from fastload._formats._hdf5_validate import validate_shard
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
+from fastload._formats._remote_source import (
+    RemoteSource,
+    check_as_indexed,
+    local_only,
+    remote_fields,
+)
 from fastload._formats._validate import check_positive_int
+from fastload._remote import is_remote
 from fastload._types import Field
 from fastload.errors import DataFormatError
 
@@ -91,10 +99,28 @@ class HDF5Dataset(ShardedDataset):
         fields: Sequence[str] | None = None,
         length_field: str | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         cache_bytes = check_positive_int("cache_bytes", cache_bytes, minimum=0)
         names = requested_names(fields)
         requested = None if names is None else [n.strip("/") for n in names]
+        self._requested = requested
+        if isinstance(path, str) and is_remote(path):
+            source = RemoteSource(
+                path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+            )
+            chosen = None if length_field is None else length_field.strip("/")
+            described, chosen = remote_fields(source, "hdf5", requested, chosen)
+            super().__init__(
+                source.urls, described, [s.samples for s in source.index.shards], chosen, cache_bytes
+            )
+            self._remote = source
+            self._shard_specs: list[dict[str, H5Field] | None] = [None] * len(source.urls)
+            self._placements: list[ShardPlacement | None] = [None] * len(source.urls)
+            return
+        local_only("HDF5Dataset", storage_options=storage_options, cache_limit=cache_limit)
         files = [
             str(f)
             for f in resolve_paths(
@@ -118,18 +144,35 @@ class HDF5Dataset(ShardedDataset):
             if chosen is not None:
                 length_parts.append(checked[chosen])
         super().__init__(files, described, sizes, chosen, cache_bytes)
-        self._shard_specs = shard_specs
+        self._shard_specs = list(shard_specs)
         self._placements = placements
         if chosen is not None:
             # Computed while validating: ``lengths`` costs nothing more in this process.
             self._cache_lengths(np.concatenate(length_parts))
 
     def _open_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard | MappedShard:
+        if self._remote is not None:
+            return self._open_remote_shard(shard, cache)
         path, placement = self._files[shard], self._placements[shard]
+        specs = self._shard_specs[shard]
+        assert specs is not None  # a local dataset describes every shard at construction
         if placement is not None and _unchanged(path, placement):
             # Every field lies in the map where this dataset found it: no HDF5 at all.
-            return MappedShard(path, self._shard_specs[shard], placement)
-        reader = H5Shard(path, shard, self._shard_specs[shard], cache)
+            return MappedShard(path, specs, placement)
+        reader = H5Shard(path, shard, specs, cache)
+        reader.release_unused_file()
+        return reader
+
+    def _open_remote_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard | MappedShard:
+        """A remote shard, once in the local cache, described and validated as a local file
+        is at construction (its fields must be the index's)."""
+        path = self._remote_local_path(shard)
+        contents, specs, sizes = _describe_shards([path], self._requested)
+        check_as_indexed(self._files[shard], _described(specs[0]), sizes[0], self)
+        _, _, placement = validate_shard(path, shard, contents[0], specs[0])
+        if placement is not None:
+            return MappedShard(path, specs[0], placement)
+        reader = H5Shard(path, shard, specs[0], cache)
         reader.release_unused_file()
         return reader
 

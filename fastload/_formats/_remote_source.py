@@ -1,0 +1,264 @@
+"""Where a remote dataset's shards are, and how one reaches the local disk.
+
+A reader given a URL (``s3://bucket/corpus/``, ``gs://...``, ``https://...``; a glob in the last
+part selects shards) builds a :class:`RemoteSource`: the dataset's index, read once per node
+(cached in the local cache, fresh for :data:`INDEX_FRESH_S`; a later loader on the node makes
+no request), and the shard cache. The reader plans from the index alone; a shard is downloaded
+when a process first reads from it (:meth:`RemoteSource.local_path`), unless a prefetcher got
+there first, and is *pinned* while that process has it open, so that eviction passes it by.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from fastload._remote import INDEX_NAME, DatasetIndex, ShardEntry
+from fastload._remote._cache import ShardCache, parse_size
+from fastload._remote._store import Store, open_store
+from fastload._storage import cache_root
+from fastload._storage._lock import lock
+from fastload._types import Field
+from fastload.errors import (
+    DataFileNotFoundError,
+    DataFormatError,
+    FieldNotFoundError,
+    StorageNotFoundError,
+)
+
+#: A cached index younger than this is used without asking the store (one request per node per
+#: job); an older one is fetched again.
+INDEX_FRESH_S = 600.0
+_GLOB_CHARS = frozenset("*?[")
+
+
+def split_url(url: str) -> tuple[str, str | None]:
+    """``(folder URL ending in "/", pattern or None)``: ``s3://b/c/`` → all shards of ``c``;
+    ``s3://b/c/*.h5`` → those matching; ``s3://b/c/x.h5`` → that one (a pattern without
+    wildcards)."""
+    if url.endswith("/"):
+        return url, None
+    folder, _, last = url.rpartition("/")
+    scheme_end = url.find("://") + 3
+    if len(folder) < scheme_end:  # s3://bucket: the bucket is the folder
+        return url + "/", None
+    return folder + "/", last
+
+
+class RemoteSource:
+    """A remote dataset's index, store and shard cache (see the module text). Pickles as its
+    settings and index; each process opens its own store and cache."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None,
+        cache_dir: str | os.PathLike[str] | None,
+        cache_limit: int | str | None,
+    ) -> None:
+        self.folder, pattern = split_url(url)
+        self.storage_options = dict(storage_options or {})
+        self.cache_root = cache_root(cache_dir)
+        self.cache_limit = None if cache_limit is None else parse_size(cache_limit)
+        self._store: Store | None = None
+        self._cache: ShardCache | None = None
+        self._pid = os.getpid()
+        self.waited_s = 0.0  # this process's time blocked on a shard it needed (for stats)
+        index = self._load_index()
+        if pattern is not None:
+            names = [s.path for s in index.shards if fnmatch.fnmatchcase(s.path, pattern)]
+            if not names:
+                raise DataFileNotFoundError(
+                    f"{url}: no shard of the index {self.folder}{INDEX_NAME} matches "
+                    f"{pattern!r} (it lists {len(index.shards)}, e.g. {index.shards[0].path})",
+                    url,
+                )
+            index = index.matching(names)
+        self.index = index
+
+    # -- per process -------------------------------------------------------------------------
+
+    def store(self) -> Store:
+        self._own_process()
+        if self._store is None:
+            self._store = open_store(self.folder, self.storage_options)
+        return self._store
+
+    def cache(self) -> ShardCache:
+        self._own_process()
+        if self._cache is None:
+            self._cache = ShardCache(self.cache_root / "shards", self.cache_limit)
+        return self._cache
+
+    def _own_process(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's clients and counters are not ours
+            self._pid, self._store, self._cache, self.waited_s = os.getpid(), None, None, 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_store"] = state["_cache"] = None
+        return state
+
+    # -- shards --------------------------------------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.folder + s.path for s in self.index.shards]
+
+    def key(self, shard: int) -> str:
+        entry = self.index.shards[shard]
+        return self.cache().key(self.folder, entry.path, entry.sha256)
+
+    def cached(self, shard: int) -> bool:
+        return self.cache().contains(self.key(shard))
+
+    def local_path(self, shard: int) -> Path:
+        """Shard ``shard`` on the local disk, complete and verified: from the cache, else
+        downloaded now (once per node: another process downloading it is waited for)."""
+        entry = self.index.shards[shard]
+        started = time.perf_counter()
+        try:
+            return self.cache().get(
+                self.key(shard),
+                size=entry.bytes,
+                checksum=entry.sha256,
+                fetch=self._fetcher(entry),
+                source=self.urls[shard],
+            )
+        finally:
+            self.waited_s += time.perf_counter() - started
+
+    def open_pinned(self, shard: int) -> tuple[Path, AbstractContextManager[Any]]:
+        """Shard ``shard`` on the local disk and a held pin that keeps it there (exit the pin
+        when the shard is closed). Pinned after it is complete, and fetched again should an
+        eviction have taken it in between."""
+        for _ in range(3):
+            path = self.local_path(shard)
+            pin = self.cache().pin(self.key(shard))
+            try:
+                pin.__enter__()
+            except FileNotFoundError:
+                continue  # evicted between the download and the pin: fetch it again
+            return path, pin
+        raise DataFormatError(f"{self.urls[shard]}: evicted from the cache as soon as it arrived, three times")
+
+    def _fetcher(self, entry: ShardEntry) -> Any:
+        store = self.store()
+
+        def fetch(fd: int, start: int) -> None:
+            store.download(entry.path, fd, size=entry.bytes, start=start)
+
+        return fetch
+
+    # -- the index -----------------------------------------------------------------------------
+
+    def _load_index(self) -> DatasetIndex:
+        """The index, from this node's cache when fresh, else from the store (one GET; the
+        node's processes and loaders wait for one another instead of each asking)."""
+        where = self.folder + INDEX_NAME
+        digest = hashlib.sha256(where.encode()).hexdigest()[:32]
+        local = self.cache_root / "indexes" / f"{digest}.json"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with lock(local.with_suffix(".lock"), timeout_s=600.0):
+            data = _fresh(local)
+            if data is None:
+                try:
+                    data = self.store().read(INDEX_NAME)
+                except StorageNotFoundError as exc:
+                    raise DataFileNotFoundError(
+                        f"{where}: no index beside the shards; write one with `fastload index` "
+                        "(or `fastload convert -o URL`), which lists the shards and their "
+                        "lengths so that no process has to list the bucket or open a shard to "
+                        "plan an epoch",
+                        where,
+                    ) from exc
+                temporary = local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}")
+                temporary.write_bytes(data)
+                os.replace(temporary, local)
+        try:
+            return DatasetIndex.from_json(data, where)
+        except DataFormatError:
+            local.unlink(missing_ok=True)  # not kept: the next loader asks the store again
+            raise
+
+
+def remote_fields(
+    source: RemoteSource, kind: str, requested: list[str] | None, length_field: str | None
+) -> tuple[dict[str, Field], str | None]:
+    """The fields a reader of ``kind`` reads from ``source`` (its index's, or ``requested`` of
+    them, in that order) and its length field, which must be the one the index has lengths of."""
+    index, where = source.index, source.folder + INDEX_NAME
+    if index.kind != kind:
+        other = "ArrowDataset" if index.kind == "arrow" else "HDF5Dataset"
+        raise DataFormatError(f"{where}: indexes {index.kind} shards; read them with {other}")
+    if requested is None:
+        fields = dict(index.fields)
+    else:
+        missing = [name for name in requested if name not in index.fields]
+        if missing:
+            raise FieldNotFoundError(
+                f"{where}: no field {', '.join(map(repr, missing))}; the shards hold "
+                f"{', '.join(index.fields)}"
+            )
+        fields = {name: index.fields[name] for name in requested}
+    chosen = index.length_field if length_field is None else length_field
+    if chosen != index.length_field or (chosen is not None and chosen not in fields):
+        ragged = [n for n, f in fields.items() if f.kind == "ragged"]
+        if chosen is None and not ragged:
+            return fields, None  # no ragged field read: every sample has length 1
+        raise DataFormatError(
+            f"{where}: holds the lengths of {index.length_field!r}, so it must be the length "
+            f"field and among the fields read (asked: length_field={chosen!r}, fields "
+            f"{list(fields)}); index the shards for another length field to read by that one"
+        )
+    return fields, chosen
+
+
+def check_as_indexed(url: str, fields: Mapping[str, Field], samples: int, dataset: Any) -> None:
+    """Raise unless a shard fetched from ``url`` holds what its index said: the fields read
+    and its number of samples."""
+    position = dataset.files.index(url)
+    expected = dataset._remote.index.shards[position].samples
+    if dict(fields) != dataset.fields or samples != expected:
+        raise DataFormatError(
+            f"{url}: holds {samples} samples of fields {dict(fields)}, but its index says "
+            f"{expected} of {dataset.fields}; write the index again (`fastload index`)"
+        )
+
+
+def local_only(reader: str, **options: Any) -> None:
+    """Refuse remote-only options given for a local dataset (local files are read where they
+    are, never copied into the cache)."""
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"{reader}: {', '.join(given)} apply to remote datasets (s3://, gs://, https://); "
+            "local files are read in place"
+        )
+
+
+def _fresh(path: Path) -> bytes | None:
+    try:
+        if time.time() - path.stat().st_mtime < INDEX_FRESH_S:
+            return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    return None
+
+
+__all__ = [
+    "INDEX_FRESH_S",
+    "RemoteSource",
+    "check_as_indexed",
+    "local_only",
+    "remote_fields",
+    "split_url",
+]
