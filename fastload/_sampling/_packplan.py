@@ -206,10 +206,10 @@ def plan_packed_epoch(
     starts = np.arange(0, total_rows, rows, dtype=np.int64)
     if shuffle and starts.size > 1:
         rng = epoch_rng(seed, epoch, STREAM_BATCH_ORDER)
-        if batch_groups is None:
+        if batch_groups is None or groups is None:  # both or neither
             starts = starts[rng.permutation(starts.size)]
         else:
-            starts = starts[batch_order_by_group(rng, batch_groups)]
+            starts = starts[batch_order_by_group(rng, batch_groups, groups.count)]
     every_row = np.arange(total_rows, dtype=np.int64)
     batches = EpochPlan(every_row, np.full(total_rows, seq_len, dtype=np.int64), starts, starts + rows)
     return PackedEpoch(documents, order, row_offsets, batches, rows, seq_len)

@@ -178,10 +178,10 @@ def plan_epoch(
 
     if options.shuffle and starts.size > 1:
         rng = epoch_rng(seed, epoch, STREAM_BATCH_ORDER)
-        if batch_groups is None:
+        if batch_groups is None or groups is None:  # both or neither
             order = rng.permutation(starts.size)
         else:
-            order = batch_order_by_group(rng, batch_groups)
+            order = batch_order_by_group(rng, batch_groups, groups.count)
             batch_groups = batch_groups[order]
         starts, stops = starts[order], stops[order]
     plan = EpochPlan(indices, padded, starts, stops)

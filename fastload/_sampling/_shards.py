@@ -173,12 +173,16 @@ class ShardGroups:
 
 
 def batch_order_by_group(
-    rng: np.random.Generator, batch_groups: npt.NDArray[np.int64]
+    rng: np.random.Generator, batch_groups: npt.NDArray[np.int64], num_groups: int
 ) -> npt.NDArray[np.int64]:
     """A random order of the batches in which the groups come one after the other: a seeded
     permutation, stably sorted by group."""
     shuffled = rng.permutation(batch_groups.size)
-    return shuffled[np.argsort(batch_groups[shuffled], kind="stable")]
+    groups = batch_groups[shuffled]
+    # A stable sort has one result whatever the dtype; numpy radix-sorts 16-bit keys (2x faster).
+    if num_groups <= np.iinfo(np.int16).max:
+        groups = groups.astype(np.int16)
+    return shuffled[np.argsort(groups, kind="stable")]
 
 
 __all__ = ["STREAM_SHARDS", "ShardGroups", "ShardWindow", "batch_order_by_group"]
