@@ -109,7 +109,10 @@ class PackedBatchSampler(PlannedBatchSampler):
         self._shard_window = ShardWindow.create(
             shuffle_shards, shard_sizes, num_samples=self._lengths.size, shuffle=shuffle
         )
-        self._document_shards: tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]] | None = None
+        # documents per shard in their sample-order run, the shards of the rest, tokens per shard
+        self._document_shards: (
+            tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]] | None
+        ) = None
         self._lengths_checksum: int | None = None  # computed when a state first needs it
         self._plan_cache: tuple[tuple[int, int, int], PackedEpoch] | None = None
 
@@ -200,16 +203,18 @@ class PackedBatchSampler(PlannedBatchSampler):
             return None  # one group holds every shard: the global plan, by construction
         if self._document_shards is None:
             documents = self._documents
+            first_pieces = self._lengths.size - documents.empty_samples  # in sample order
             shard_of = window.shard_of_samples()[documents.sample]
             tokens = np.bincount(shard_of, weights=documents.lengths, minlength=window.num_shards)
-            self._document_shards = (shard_of, tokens.round().astype(np.int64))
-        shard_of, tokens = self._document_shards
+            run = np.bincount(shard_of[:first_pieces], minlength=window.num_shards)
+            self._document_shards = (
+                run.astype(np.int64),
+                shard_of[first_pieces:],
+                tokens.round().astype(np.int64),
+            )
+        run, rest, tokens = self._document_shards
         return ShardGroups(
-            window.group_of_shards(self._seed, epoch),
-            window.num_groups,
-            np.bincount(shard_of, minlength=window.num_shards).astype(np.int64),
-            shard_of=shard_of,
-            tokens=tokens,
+            window.group_of_shards(self._seed, epoch), window.num_groups, run, rest, tokens
         )
 
     def _identity(self) -> dict[str, Any]:

@@ -163,7 +163,7 @@ def plan_packed_epoch(
     groups: ShardGroups | None = None,
 ) -> PackedEpoch:
     """Plan one epoch (see the module text). With ``groups`` (a shard-window shuffle,
-    ``_shards.py``; needs ``shuffle``; ``groups.shard_of`` gives each document's shard) every
+    ``_shards.py``; needs ``shuffle``; its items are the documents) every
     step runs inside each group of shards: windows, rows, the last partial batch (one per
     group) and the batch order, the groups' batches coming group after group."""
     if groups is None:

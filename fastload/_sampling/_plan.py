@@ -119,7 +119,7 @@ def plan_epoch(
     window_groups = None
     if groups is not None:
         assert options.shuffle, "a shard-window shuffle needs shuffle"
-        windows_per_group = -(-groups.totals(groups.per_shard) // per_window)
+        windows_per_group = -(-groups.totals(groups.items_per_shard()) // per_window)
         labels = groups.window_labels(epoch_rng(seed, epoch, STREAM_WINDOWS), windows_per_group)
         num_windows = int(windows_per_group.sum())
         window_groups = np.repeat(np.arange(groups.count, dtype=np.int64), windows_per_group)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -124,27 +124,32 @@ def _as_shard_sizes(values: object, num_samples: int) -> npt.NDArray[np.int64]:
 class ShardGroups:
     """One epoch's groups of shards, and the shards of the items a planner orders.
 
-    ``of_shard[s]`` is shard ``s``'s group (``0 .. count - 1``, in visiting order). Shard ``s``
-    holds ``per_shard[s]`` of the items (samples or documents), which come shard after shard,
-    or, where ``shard_of`` is given, item ``i`` is in shard ``shard_of[i]``; a packing plan
-    also needs the ``tokens`` of each shard.
+    ``of_shard[s]`` is shard ``s``'s group (``0 .. count - 1``, in visiting order). The items
+    (samples or documents) come shard after shard, ``run[s]`` of them in shard ``s``; any items
+    after that run are in the shards ``rest`` (the further pieces of split documents). A packing
+    plan also needs the ``tokens`` of each shard.
     """
 
     of_shard: npt.NDArray[np.int64]
     count: int
-    per_shard: npt.NDArray[np.int64]
-    shard_of: npt.NDArray[np.int32] | None = None
+    run: npt.NDArray[np.int64]
+    rest: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     tokens: npt.NDArray[np.int64] | None = None
 
     @property
     def num_items(self) -> int:
-        return int(self.per_shard.sum()) if self.shard_of is None else int(self.shard_of.size)
+        return int(self.run.sum()) + int(self.rest.size)
+
+    def items_per_shard(self) -> npt.NDArray[np.int64]:
+        if not self.rest.size:
+            return self.run
+        return self.run + np.bincount(self.rest, minlength=self.run.size)
 
     def spread(self, per_shard_values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """A value per item from a value per shard."""
-        if self.shard_of is None:
-            return np.repeat(per_shard_values, self.per_shard)
-        return per_shard_values[self.shard_of]
+        """A value per item from a value per shard (a repeat over the run: sequential writes,
+        unlike a gather)."""
+        head = np.repeat(per_shard_values, self.run)
+        return np.concatenate((head, per_shard_values[self.rest])) if self.rest.size else head
 
     def totals(self, amount_per_shard: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The sum of a per-shard amount over each group's shards."""
