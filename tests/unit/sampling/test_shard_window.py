@@ -234,3 +234,33 @@ def test_oversize_skip_leaves_the_same_samples_out_of_a_grouped_epoch() -> None:
     assert seen == [i for i in range(lengths.size) if lengths[i] <= 4_096]
     groups = batch_groups(list(sampler), 4, seed=7, epoch=0)
     assert groups == sorted(groups)
+
+
+def test_packed_warmup_cuts_the_first_batches_and_keeps_the_groups_in_order() -> None:
+    warmup = BatchSizeWarmup(1, 4, 12)
+    sampler = packed(shuffle_shards=4, warmup=warmup)
+    batches = list(sampler)
+    assert all(b.rows <= warmup(step) for step, b in enumerate(batches[:12]))
+    assert batches[0].rows == 1 and batches[20].rows == 4
+    groups = batch_groups(batches, 4, seed=7, epoch=0)
+    assert groups == sorted(groups)
+
+
+@pytest.mark.parametrize("build", [grouped, packed])
+def test_resume_with_a_warmup_over_epochs_matches_the_uninterrupted_run(build: Any) -> None:
+    options: dict[str, Any] = (
+        {"batch_size": 32, "warmup": BatchSizeWarmup(4, 32, 150)}
+        if build is grouped
+        else {"warmup": BatchSizeWarmup(1, 4, 150)}
+    )
+    key = (lambda b: b) if build is grouped else (lambda b: np.asarray(b).tolist())
+    reference = build(shuffle_shards=5, num_replicas=2, rank=1, **options)
+    reference.set_epoch(1)  # the warm-up runs on from epoch 0's steps
+    uninterrupted = [key(b) for b in reference]
+    source = build(shuffle_shards=5, num_replicas=2, rank=1, **options)
+    source.set_epoch(1)
+    stream = iter(source)
+    head = [key(next(stream)) for _ in range(9)]
+    resumed = build(shuffle_shards=5, num_replicas=2, rank=1, **options)
+    resumed.load_state_dict(json.loads(json.dumps(source.state_dict())))
+    assert head + [key(b) for b in resumed] == uninterrupted
