@@ -75,7 +75,7 @@ class ShardWindow:
         return max(1, -(-self.num_shards // self.shards_per_group))
 
     def shard_of_samples(self) -> npt.NDArray[np.int32]:
-        """The shard of every sample (int32: a table of shards stays small)."""
+        """The shard of every sample (int32: 4 bytes a sample, for any realistic shard count)."""
         return np.repeat(np.arange(self.num_shards, dtype=np.int32), self.sizes)
 
     def group_of_shards(self, seed: int, epoch: int) -> npt.NDArray[np.int64]:
