@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from fastload._sampling._options import (
 )
 from fastload._sampling._plan import EpochPlan, plan_epoch
 from fastload._sampling._schedule import BatchSizeWarmup, warmup_recut
+from fastload._sampling._shards import ShardGroups, ShardWindow
 from fastload._sampling._stream import PlannedBatchSampler
 from fastload.errors import OversizeSampleError
 
@@ -50,6 +52,8 @@ class GroupedBatchSamplerBase(PlannedBatchSampler):
         oversize: str,
         window: int | None,
         warmup: BatchSizeWarmup | None,
+        shuffle_shards: int | None = None,
+        shard_sizes: Sequence[int] | npt.ArrayLike | None = None,
     ) -> None:
         super().__init__(seed=seed, num_replicas=num_replicas, rank=rank, drop_last=drop_last)
         self._options = BatchingOptions.create(
@@ -64,6 +68,9 @@ class GroupedBatchSamplerBase(PlannedBatchSampler):
         self._oversize = check_choice("oversize", oversize, OVERSIZE_POLICIES)
         self._warmup = _check_warmup(warmup, self._options)
         self._lengths = as_lengths("lengths", lengths)
+        self._shard_window = ShardWindow.create(
+            shuffle_shards, shard_sizes, num_samples=self._lengths.size, shuffle=shuffle
+        )
         self._padded, self._kept = self._apply_oversize_policy()
         self._codec_cache: tuple[LengthCodec, float] | None = None
         self._lengths_checksum: int | None = None
@@ -83,6 +90,11 @@ class GroupedBatchSamplerBase(PlannedBatchSampler):
     @abc.abstractmethod
     def _epoch_population(self, epoch: int) -> npt.NDArray[np.int64]:
         """The sample indices that make up ``epoch`` (duplicates allowed), in a fixed order."""
+
+    def _epoch_groups(self, epoch: int) -> ShardGroups | None:
+        """The epoch's groups of shards and the shard of each of ``_epoch_population(epoch)``'s
+        samples, for a shard-window shuffle of more than one group; else ``None``."""
+        return None
 
     def _epoch_payloads(self, epoch: int) -> npt.NDArray[np.int64]:
         """Sort payloads of ``_epoch_population(epoch)`` (the plan does not modify them)."""
@@ -141,13 +153,16 @@ class GroupedBatchSamplerBase(PlannedBatchSampler):
 
     def _options_state(self) -> dict[str, Any]:
         warmup = self._warmup
-        return {
+        state: dict[str, Any] = {
             **self._options.as_state(),
             "oversize": self._oversize,
             "warmup": None
             if warmup is None
             else [warmup.start, warmup.target, warmup.steps, warmup.multiple_of],
         }
+        if self._shard_window is not None:  # absent otherwise: earlier states still load
+            state["shard_window"] = self._shard_window.state()
+        return state
 
     def _apply_oversize_policy(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """Padded lengths (after truncation) of every sample, and which samples take part."""
@@ -179,6 +194,8 @@ class GroupedBatchSamplerBase(PlannedBatchSampler):
             mean = self._mean_padded_length()
             per_window = self._options.samples_per_window(self._population_size(), mean)
             windows = -(-self._population_size() // per_window)
+            if self._shard_window is not None:  # each group rounds its window count up
+                windows += self._shard_window.num_groups - 1
             codec = LengthCodec.build(self._padded, label_bits=bit_width(windows))
             self._codec_cache = (codec, mean)
         return self._codec_cache
@@ -198,6 +215,7 @@ class GroupedBatchSamplerBase(PlannedBatchSampler):
             seed=self._seed,
             epoch=epoch,
             num_replicas=plan_replicas,
+            groups=self._epoch_groups(epoch),
         )
         if self._warmup is not None:
             plan = warmup_recut(

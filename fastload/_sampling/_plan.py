@@ -17,6 +17,12 @@ Steps, for an epoch over a population of ``n`` sample payloads (see ``_keys``):
    ``longest_first``, the ``num_replicas`` batches of largest padded size move to the front,
    largest first, so every rank's first step is its heaviest.
 
+With a shard-window shuffle (``groups``, see ``_shards.py``) each sample's label is drawn among
+its own group's windows (the windows numbered group after group, so the one sort groups the
+groups too), each group's remainders form its own partial batch, and step 4 permutes batches
+inside a group only. The label costs a few more passes over the samples (32 random bits scaled
+per group); the rest is per window or per batch.
+
 Every pass over the ``n`` samples is a numpy kernel, and there are few of them: draw labels,
 pack, sort, unpack (about half a second for ten million samples). Nothing here reads time, pids or
 worker counts: the plan depends only on its arguments.
@@ -31,6 +37,7 @@ import numpy.typing as npt
 
 from fastload._sampling._keys import KEY_BITS, LengthCodec, bit_width
 from fastload._sampling._options import BatchingOptions
+from fastload._sampling._shards import ShardGroups, batch_order_by_group
 
 # Independent random streams of one (seed, epoch).
 STREAM_WINDOWS = 0
@@ -49,8 +56,9 @@ class EpochPlan:
 
     Batch ``b`` (in training order) is ``indices[starts[b]:stops[b]]``, its samples in ascending
     padded length; ``padded`` is the padded length of every sample of the dataset. Every sample
-    of the epoch's population appears exactly once in ``indices``; only the partial batch that
-    ``drop_last`` removes is missing from ``starts``/``stops``.
+    of the epoch's population is in exactly one batch, except those of the partial batch that
+    ``drop_last`` removes (one per epoch, or one per group of shards). ``indices`` may hold
+    samples twice: a shard-window plan appends its groups' remainders after the samples.
     """
 
     indices: npt.NDArray[np.int64]
@@ -94,33 +102,56 @@ def plan_epoch(
     seed: int,
     epoch: int,
     num_replicas: int,
+    groups: ShardGroups | None = None,
 ) -> EpochPlan:
     """Plan one epoch over the samples whose payloads are ``payloads`` (not modified; duplicates
     allowed: a sample drawn twice appears in two batches or twice in one). ``padded`` holds the
     padded length of every sample of the dataset.
 
     ``mean_padded_length`` sizes the sort windows; ``num_replicas`` matters only to
-    ``longest_first``.
+    ``longest_first``. With ``groups`` (a shard-window shuffle, ``_shards.py``; needs
+    ``shuffle``), every step above runs inside each group of shards: a group's samples draw
+    among its own windows (about ``count / samples_per_window`` of them), its remainders form
+    its own partial batch, and its batches come together, group after group.
     """
     count = payloads.size
     per_window = options.samples_per_window(count, mean_padded_length)
-    num_windows = max(1, -(-count // per_window))
+    window_groups = None
+    if groups is not None:
+        assert options.shuffle, "a shard-window shuffle needs shuffle"
+        windows_per_group = -(-groups.totals(groups.items_per_shard()) // per_window)
+        labels = groups.window_labels(epoch_rng(seed, epoch, STREAM_WINDOWS), windows_per_group)
+        num_windows = int(windows_per_group.sum())
+        window_groups = np.repeat(np.arange(groups.count, dtype=np.int64), windows_per_group)
+    else:
+        num_windows = max(1, -(-count // per_window))
     assert bit_width(num_windows) + codec.payload_bits <= KEY_BITS, "codec built for fewer windows"
-    if options.shuffle and num_windows > 1:
+    if groups is not None:
+        keys = labels
+        keys <<= codec.payload_bits
+    elif options.shuffle and num_windows > 1:
         labels = epoch_rng(seed, epoch, STREAM_WINDOWS).integers(
             0, num_windows, count, dtype=np.int32 if num_windows < 2**31 else np.int64
         )
+        keys = np.left_shift(labels, codec.payload_bits, dtype=np.int64)  # widens as it shifts
     else:  # contiguous windows of exactly per_window samples (a multiple of batch_size)
         labels = np.arange(count, dtype=np.int64) // per_window
-    keys = np.left_shift(labels, codec.payload_bits, dtype=np.int64)  # widens as it shifts
+        keys = np.left_shift(labels, codec.payload_bits, dtype=np.int64)
     keys |= payloads
     keys.sort()
     window_starts = np.searchsorted(
         keys, np.arange(num_windows, dtype=np.int64) << codec.payload_bits
     ).astype(np.int64)
-    window_ends = np.append(window_starts[1:], np.int64(count))
+    window_ends = np.append(window_starts[1:], np.int64(count))[:num_windows]
 
-    if options.max_tokens is None:
+    batch_groups = None
+    if options.max_tokens is None and window_groups is not None:
+        assert options.batch_size is not None and groups is not None
+        indices, starts, stops, batch_groups = _grouped_fixed_size_batches(
+            keys, codec, window_starts, window_ends, window_groups, groups.count,
+            options.batch_size, drop_last=options.drop_last,
+        )
+    elif options.max_tokens is None:
         assert options.batch_size is not None
         keys = _fixed_size_order(
             keys, window_starts, window_ends, options.batch_size, codec.payload_bits
@@ -141,13 +172,26 @@ def plan_epoch(
             options.batch_size,
         )
         stops = np.append(starts[1:], np.int64(count))
+        if window_groups is not None:  # the window of a batch: the last one starting at or before it
+            batch_groups = window_groups[np.searchsorted(window_starts, starts, "right") - 1]
     indices.flags.writeable = False
 
     if options.shuffle and starts.size > 1:
-        order = epoch_rng(seed, epoch, STREAM_BATCH_ORDER).permutation(starts.size)
+        rng = epoch_rng(seed, epoch, STREAM_BATCH_ORDER)
+        if batch_groups is None or groups is None:  # both or neither
+            order = rng.permutation(starts.size)
+        else:
+            order = batch_order_by_group(rng, batch_groups, groups.count)
+            batch_groups = batch_groups[order]
         starts, stops = starts[order], stops[order]
     plan = EpochPlan(indices, padded, starts, stops)
-    return _largest_first(plan, num_replicas) if options.longest_first else plan
+    if not options.longest_first:
+        return plan
+    if batch_groups is None or not batch_groups.size:
+        return _largest_first(plan, num_replicas, plan.num_batches)
+    # Only the first group's batches, lest the front of the epoch need the shards of others.
+    first_group = int(np.searchsorted(batch_groups, batch_groups[0], "right"))
+    return _largest_first(plan, num_replicas, first_group)
 
 
 def _fixed_size_order(
@@ -174,6 +218,65 @@ def _fixed_size_order(
     np.compress(in_full_batch, keys, out=ordered[: keys.size - total])
     ordered[keys.size - total :] = np.sort(keys[tail] & ((1 << payload_bits) - 1))
     return ordered
+
+
+def _grouped_fixed_size_batches(
+    keys: npt.NDArray[np.int64],
+    codec: LengthCodec,
+    window_starts: npt.NDArray[np.int64],
+    window_ends: npt.NDArray[np.int64],
+    window_groups: npt.NDArray[np.int64],
+    num_groups: int,
+    batch_size: int,
+    *,
+    drop_last: bool,
+) -> tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]
+]:
+    """``(indices, starts, stops, groups)`` of batches of ``batch_size`` inside each group of
+    windows: every window's full batches where they lie, then each group's remainders, sorted
+    by payload (length), in a run of their own appended after the ``count`` window-sorted
+    samples, cut too: one partial batch per group (dropped with ``drop_last``). Appending, not
+    moving, keeps this at one copy of the keys; the remainders' places inside their windows are
+    simply in no batch."""
+    count = keys.size
+    sizes = window_ends - window_starts
+    full = sizes // batch_size
+    remainders = sizes - full * batch_size
+    full_before = np.cumsum(full) - full
+    full_starts = np.repeat(window_starts - full_before * batch_size, full)
+    full_starts += np.arange(full_starts.size, dtype=np.int64) * batch_size
+
+    total = int(remainders.sum())
+    tail = np.repeat(window_ends - remainders - (np.cumsum(remainders) - remainders), remainders)
+    tail += np.arange(total, dtype=np.int64)
+    mask = (1 << codec.payload_bits) - 1
+    # Sorted by (group, payload): a group's first window numbers it, so the key fits the bits
+    # the windows' labels have.
+    first_window = np.searchsorted(window_groups, window_groups)
+    tail_keys = keys[tail] & mask
+    tail_keys |= np.repeat(first_window, remainders) << codec.payload_bits
+    tail_keys.sort()
+    tail_keys &= mask
+
+    per_group = np.bincount(np.repeat(window_groups, remainders), minlength=num_groups)
+    tail_batches = -(-per_group // batch_size)
+    if drop_last:
+        tail_batches = per_group // batch_size  # only the partial batch is short
+    group_start = count + np.cumsum(per_group) - per_group
+    tail_starts = np.repeat(group_start - (np.cumsum(tail_batches) - tail_batches) * batch_size,
+                            tail_batches)
+    tail_starts += np.arange(tail_starts.size, dtype=np.int64) * batch_size
+    tail_stops = np.minimum(tail_starts + batch_size, np.repeat(group_start + per_group, tail_batches))
+
+    indices = codec.to_indices(np.concatenate((keys, tail_keys)))
+    starts = np.concatenate((full_starts, tail_starts))
+    stops = np.concatenate((full_starts + batch_size, tail_stops))
+    groups = np.concatenate((
+        np.repeat(window_groups, full),
+        np.repeat(np.arange(num_groups, dtype=np.int64), tail_batches),
+    ))
+    return indices, starts, stops, groups
 
 
 def _token_budget_starts(
@@ -217,12 +320,12 @@ def _token_budget_starts(
     return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
 
 
-def _largest_first(plan: EpochPlan, num_replicas: int) -> EpochPlan:
-    """``plan`` with its ``num_replicas`` largest batches (padded size) moved to the front,
-    largest first; the others keep their order."""
+def _largest_first(plan: EpochPlan, num_replicas: int, among: int) -> EpochPlan:
+    """``plan`` with the ``num_replicas`` largest (padded size) of its first ``among`` batches
+    moved to the front, largest first; the others keep their order."""
     if plan.num_batches <= 1:
         return plan
-    front = np.argsort(-plan.padded_sizes(), kind="stable")[:num_replicas]
+    front = np.argsort(-plan.padded_sizes()[:among], kind="stable")[:num_replicas]
     rest = np.ones(plan.num_batches, dtype=bool)
     rest[front] = False
     order = np.concatenate((front, np.flatnonzero(rest)))

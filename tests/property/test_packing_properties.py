@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload import PackedBatchSampler
+from fastload._sampling._shards import ShardWindow
 from fastload._types import PackedBatch
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -56,7 +57,18 @@ def setups(draw: st.DrawFn) -> Setup:
         options["rows"] = draw(st.integers(1, 6))
     else:
         options["max_tokens"] = seq_len * draw(st.integers(1, 6)) + draw(st.integers(0, seq_len - 1))
+    if options["shuffle"] and draw(st.booleans()):
+        options.update(draw(shard_windows(len(lengths))))
     return Setup(lengths, options)
+
+
+@st.composite
+def shard_windows(draw: st.DrawFn, num_samples: int) -> dict[str, Any]:
+    """``shard_sizes`` cutting ``num_samples`` into 1 to 11 shards (some may be empty), and a
+    ``shuffle_shards`` from one shard per group to more than there are."""
+    cuts = sorted(draw(st.lists(st.integers(0, num_samples), max_size=10)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, num_samples], strict=True)]
+    return {"shard_sizes": sizes, "shuffle_shards": draw(st.integers(1, len(sizes) + 1))}
 
 
 def tokens_of(batches: list[PackedBatch]) -> Counter[tuple[int, int]]:
@@ -151,3 +163,47 @@ def test_plan_equals_the_uninterrupted_run_step_for_step() -> None:
     resumed = PackedBatchSampler(lengths, seq_len=64, rows=3, seed=0)
     resumed.load_state_dict(first.state_dict())
     assert head + [np.asarray(b).tolist() for b in resumed] == full
+
+
+@SETTINGS
+@given(setups(), st.integers(0, 2), st.data())
+def test_a_shard_window_packs_inside_one_group_and_keeps_groups_in_order(
+    setup: Setup, epoch: int, data: st.DataObject
+) -> None:
+    window = data.draw(shard_windows(len(setup.lengths)))
+    options = {**setup.options, **window, "shuffle": True, "drop_last": data.draw(st.booleans())}
+    sampler = Setup(setup.lengths, options).build()
+    sampler.set_epoch(epoch)
+    sizes = window["shard_sizes"]
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)
+    group_of = ShardWindow(window["shuffle_shards"], np.asarray(sizes)).group_of_shards(
+        options["seed"], epoch
+    )
+    batches = list(sampler)
+    groups = []
+    for batch in batches:
+        check_shape(batch, sampler)
+        found = set(group_of[shard_of[batch.samples]].tolist())
+        assert len(found) <= 1  # none: a padding batch
+        groups.extend(found)
+    assert groups == sorted(groups)
+    tokens = tokens_of(batches)
+    assert set(tokens.values()) <= {1} and set(tokens) <= set(setup.expected_tokens())
+    if not options["drop_last"]:
+        assert tokens == setup.expected_tokens()
+
+
+@SETTINGS
+@given(setups(), st.integers(0, 2), st.integers(0, 2))
+def test_a_packing_group_of_every_shard_is_the_global_plan(
+    setup: Setup, epoch: int, extra: int
+) -> None:
+    options = {k: v for k, v in setup.options.items() if k not in ("shard_sizes", "shuffle_shards")}
+    options["shuffle"] = True
+    half = len(setup.lengths) // 2
+    windowed = Setup(setup.lengths, {**options, "shard_sizes": [half, len(setup.lengths) - half],
+                                     "shuffle_shards": 2 + extra}).build()
+    plain = Setup(setup.lengths, options).build()
+    windowed.set_epoch(epoch)
+    plain.set_epoch(epoch)
+    assert [np.asarray(b).tolist() for b in windowed] == [np.asarray(b).tolist() for b in plain]

@@ -8,10 +8,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fastload import LengthGroupedBatchSampler
+from fastload._sampling._shards import ShardWindow
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -34,6 +36,12 @@ class Setup:
             return set(range(len(self.lengths)))
         return {i for i, n in enumerate(self.lengths) if -(-n // multiple) * multiple <= budget}
 
+    def groups(self) -> int:
+        """Groups of shards per epoch (1 without a shard window): each has a partial batch."""
+        if "shuffle_shards" not in self.options:
+            return 1
+        return -(-len(self.options["shard_sizes"]) // self.options["shuffle_shards"])
+
 
 @st.composite
 def setups(draw: st.DrawFn) -> Setup:
@@ -52,7 +60,18 @@ def setups(draw: st.DrawFn) -> Setup:
         options["batch_size"] = draw(st.integers(1, 24))
     if mode in ("tokens", "both"):
         options["max_tokens"] = draw(st.integers(16, 1200))
+    if options["shuffle"] and draw(st.booleans()):
+        options.update(draw(shard_windows(len(lengths))))
     return Setup(lengths, options)
+
+
+@st.composite
+def shard_windows(draw: st.DrawFn, num_samples: int) -> dict[str, Any]:
+    """``shard_sizes`` cutting ``num_samples`` into 1 to 11 shards (some may be empty), and a
+    ``shuffle_shards`` from one shard per group to more than there are."""
+    cuts = sorted(draw(st.lists(st.integers(0, num_samples), max_size=10)))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, num_samples], strict=True)]
+    return {"shard_sizes": sizes, "shuffle_shards": draw(st.integers(1, len(sizes) + 1))}
 
 
 def flat(batches: list[list[int]]) -> Counter[int]:
@@ -70,7 +89,8 @@ def test_every_epoch_is_an_exact_cover(setup: Setup, epoch: int) -> None:
     assert set(seen) <= setup.kept()
     missing = len(setup.kept()) - len(seen)
     if setup.options["drop_last"] and "max_tokens" not in setup.options:
-        assert 0 <= missing < setup.options["batch_size"]  # only the partial batch is dropped
+        # only the partial batch (of each group of shards) is dropped
+        assert 0 <= missing < setup.options["batch_size"] * setup.groups()
     else:
         assert missing == 0
     assert all(batch for batch in batches)
@@ -194,3 +214,41 @@ def test_elastic_resume_covers_the_rest_of_the_epoch_exactly_once(
     else:  # the whole epoch, padding included, was consumed: nothing is left
         assert set(seen) == elastic.kept()
         assert not rest_batches
+
+
+@SETTINGS
+@given(setup=setups(), epoch=st.integers(0, 3), data=st.data())
+def test_a_shard_window_keeps_batches_in_one_group_and_groups_in_order(
+    setup: Setup, epoch: int, data: st.DataObject
+) -> None:
+    assume(setup.options["shuffle"])
+    window = data.draw(shard_windows(len(setup.lengths)))
+    sizes, per_group = window["shard_sizes"], window["shuffle_shards"]
+    sampler = Setup(setup.lengths, {**setup.options, **window}).build()
+    sampler.set_epoch(epoch)
+    shard_of = np.repeat(np.arange(len(sizes)), sizes)
+    group_of = ShardWindow(per_group, np.asarray(sizes)).group_of_shards(
+        setup.options["seed"], epoch
+    )
+    groups = []
+    for batch in sampler:
+        found = set(group_of[shard_of[batch]].tolist())
+        assert len(found) == 1
+        groups.extend(found)
+    assert groups == sorted(groups)
+
+
+@SETTINGS
+@given(setup=setups(), epoch=st.integers(0, 3), replicas=st.integers(1, 3), extra=st.integers(0, 2))
+def test_a_group_of_every_shard_is_the_global_plan(
+    setup: Setup, epoch: int, replicas: int, extra: int
+) -> None:
+    assume(setup.options["shuffle"])
+    options = {k: v for k, v in setup.options.items() if k not in ("shard_sizes", "shuffle_shards")}
+    sizes = [len(setup.lengths) // 2, len(setup.lengths) - len(setup.lengths) // 2]
+    windowed = Setup(setup.lengths, {**options, "shard_sizes": sizes, "shuffle_shards": 2 + extra})
+    plain = Setup(setup.lengths, options)
+    first, second = windowed.build(replicas, replicas - 1), plain.build(replicas, replicas - 1)
+    first.set_epoch(epoch)
+    second.set_epoch(epoch)
+    assert list(first) == list(second)
