@@ -20,6 +20,9 @@ subclass keeps fastload's engine throughout:
 * each training log gets ``fastload_stall_fraction`` and ``fastload_samples_per_s`` over the
   steps since the previous log (the final summary: over the whole run).
 
+:class:`CausalLMCollate` (padded ids, mask and labels) is here for loops of your own, on
+accelerate for example.
+
 Importing this module imports ``transformers`` (the ``fastload[hf]`` extra).
 """
 
@@ -268,4 +271,4 @@ class _LoadLoaderState(TrainerCallback):
             trainer._pending_loader_state = None
 
 
-__all__ = ["LOADER_STATE_NAME", "FastloadTrainer"]
+__all__ = ["LOADER_STATE_NAME", "CausalLMCollate", "FastloadTrainer"]
