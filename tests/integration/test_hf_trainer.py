@@ -54,7 +54,9 @@ class RecordingTrainer(FastloadTrainer):
 
 
 def _trainer(path: Path, out: Path, **options: Any) -> RecordingTrainer:
-    trainer_options = {k: options.pop(k) for k in ("pack_length", "length_grouped") if k in options}
+    trainer_options = {
+        k: options.pop(k) for k in ("pack_length", "length_grouped", "eval_dataset") if k in options
+    }
     args = TrainingArguments(
         output_dir=str(out),
         per_device_train_batch_size=8,
@@ -76,8 +78,9 @@ def _trainer(path: Path, out: Path, **options: Any) -> RecordingTrainer:
 def test_trains_on_fastload_batches_the_loss_drops_and_the_logs_carry_the_stall(
     dataset_path: Path, tmp_path: Path, mode: str
 ) -> None:
-    options = {"pack_length": 128} if mode == "packed" else {}
-    trainer = _trainer(dataset_path, tmp_path, **options)
+    options: dict[str, Any] = {"pack_length": 128} if mode == "packed" else {}
+    evaluation = {"eval_dataset": fastload.HDF5Dataset(dataset_path), "eval_strategy": "steps", "eval_steps": 20}
+    trainer = _trainer(dataset_path, tmp_path, **options, **evaluation)
     trainer.train()
 
     loader = trainer.train_loader
@@ -99,6 +102,9 @@ def test_trains_on_fastload_batches_the_loss_drops_and_the_logs_carry_the_stall(
         assert entry["fastload_samples_per_s"] > 0
     summary = trainer.state.log_history[-1]
     assert "train_loss" in summary and "fastload_stall_fraction" in summary
+    # Evaluation runs on a fastload loader too, in order, and its loss drops with training.
+    evaluations = [entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry]
+    assert len(evaluations) == 2 and evaluations[1] < evaluations[0]
 
 
 def test_batches_hold_what_a_causal_lm_takes(dataset_path: Path, tmp_path: Path) -> None:
