@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from typing import Any, TypeVar, cast
 
@@ -12,6 +13,7 @@ from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
 from fastload._sampling._torch_resume import resumable_torch_sampler
+from fastload.errors import RebuiltLoaderWarning
 
 _log = logging.getLogger("fastload")
 
@@ -186,6 +188,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
         # torch's own samplers resume through a stand-in that yields exactly their items.
         self._torch_resume = resumable_torch_sampler(super()._index_sampler)
+        self._iterating = False  # True while __iter__ starts this loader's own iteration
+        planned: Any = self.batch_sampler
+        if _planned(planned):
+            planned.on_iter = _OwnIterationCheck(self)
 
     # fastload's options, read back by name (frameworks re-create a loader from the
     # attributes named as its constructor's parameters).
@@ -263,7 +269,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         self._begin_epoch()
-        it = super().__iter__()
+        self._iterating = True
+        try:
+            it = super().__iter__()
+        finally:
+            self._iterating = False
         self._counted_epoch = self._sampler_epoch()
         return it
 
@@ -378,6 +388,51 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _last_iterator(self) -> InProcessIterator | WorkerIterator | None:
         return self._last_it() if self._last_it is not None else None
+
+
+class _OwnIterationCheck:
+    """Set as ``on_iter`` of the planned batch sampler a loader owns: an iteration of that
+    sampler that the loader did not start means another loader iterates it — in practice a
+    framework that rebuilt this loader as torch's from its dataset, batch sampler and collate
+    (Accelerate's ``prepare``, ``transformers.Trainer``), which silently drops fastload's engine.
+    It warns once per loader. The sampler starts an iteration exactly when a loader's iterator is
+    made, so the warning comes with the first batch. Holds the loader weakly; pickles as a check
+    that does nothing (a copy of the sampler belongs to no loader)."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self._loader: weakref.ref[DataLoader[Any]] | None = weakref.ref(loader)
+        self._warned = False
+
+    def __call__(self) -> None:
+        loader = self._loader() if self._loader is not None else None
+        if loader is None or loader._iterating or self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"the batch sampler of a fastload.DataLoader ({type(loader.batch_sampler).__name__}) "
+            "is being iterated by another loader, so fastload's engine is not loading these "
+            "batches: most likely the loader was rebuilt as torch.utils.data.DataLoader "
+            "(accelerator.prepare(loader), or transformers.Trainer's own get_train_dataloader), "
+            "which is many times slower. Use fastload.accelerate.prepare(accelerator, loader) "
+            "instead of accelerator.prepare, or fastload.hf.FastloadTrainer instead of Trainer",
+            RebuiltLoaderWarning,
+            stacklevel=4,
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_OwnIterationCheck._orphan, ())
+
+    @classmethod
+    def _orphan(cls) -> _OwnIterationCheck:
+        check = cls.__new__(cls)
+        check._loader, check._warned = None, True
+        return check
+
+
+def _planned(batch_sampler: Any) -> bool:
+    from fastload._sampling._stream import PlannedBatchSampler
+
+    return isinstance(batch_sampler, PlannedBatchSampler)
 
 
 def _is_batch_reader(dataset: Any) -> bool:

@@ -21,6 +21,7 @@ __all__ = [
     "LoaderTimeoutError",
     "MissingExtraError",
     "OversizeSampleError",
+    "RebuiltLoaderWarning",
     "SharedMemoryError",
     "StorageError",
     "StorageNotFoundError",
@@ -138,3 +139,10 @@ class SharedMemoryError(FastloadError, OSError):
 class UsageError(FastloadError, ValueError):
     """A command's options cannot work as given (a bad value, a tokenizer that cannot be loaded,
     fields that do not fit the input); the message names the option and what to change."""
+
+
+class RebuiltLoaderWarning(UserWarning):
+    """A ``fastload.DataLoader``'s batch sampler is iterated by a loader that is not fastload's:
+    a framework (Accelerate's ``prepare``, ``transformers.Trainer``) rebuilt the loader as
+    ``torch.utils.data.DataLoader``, so fastload's engine no longer loads the batches. The
+    message names the supported call."""

@@ -11,7 +11,7 @@ batches (``wraps``), or with the plan's own padding batches (positions past its 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -93,6 +93,12 @@ class PlannedBatchSampler(Sampler[Any], abc.ABC):
     #: positions past its end, its padding batches, fill it).
     wraps = True
 
+    #: Called with no argument whenever an iteration starts (``iter()`` or ``iter_arrays()``),
+    #: if set. ``fastload.DataLoader`` sets it on the sampler it owns, to notice the sampler
+    #: being iterated by a loader that is not fastload's (a framework that rebuilt the loader as
+    #: torch's); the sampler itself knows nothing of loaders.
+    on_iter: Callable[[], None] | None = None
+
     def __init__(self, *, seed: int, num_replicas: int | None, rank: int | None, drop_last: bool) -> None:
         super().__init__()
         self._seed = check_int("seed", seed, minimum=0)
@@ -147,6 +153,11 @@ class PlannedBatchSampler(Sampler[Any], abc.ABC):
     def rank(self) -> int:
         return self._rank
 
+    @property
+    def drop_last(self) -> bool:
+        """Whether batches that do not divide evenly among the ranks are dropped."""
+        return self._drop_last
+
     # -- epochs and iteration ----------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
@@ -181,6 +192,8 @@ class PlannedBatchSampler(Sampler[Any], abc.ABC):
         return self._start(as_lists=False)
 
     def _start(self, *, as_lists: bool) -> _RankIterator:
+        if self.on_iter is not None:
+            self.on_iter()
         if self._pending is not None:
             cursor, self._pending = self._pending, None
         else:

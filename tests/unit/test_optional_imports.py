@@ -1,0 +1,55 @@
+"""``import fastload`` never imports transformers or accelerate (the ``fastload[hf]`` extra);
+``fastload.hf`` and ``fastload.accelerate`` import them, and name the extra where they are
+missing. Each check runs in a fresh interpreter: this one has imported them already."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_importing_fastload_imports_neither_transformers_nor_accelerate() -> None:
+    result = _run(
+        """
+        import sys
+        import fastload, fastload.cli
+        loaded = sorted(m for m in ("transformers", "accelerate") if m in sys.modules)
+        assert loaded == [], loaded
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("module", "missing"), [("fastload.hf", "transformers"), ("fastload.accelerate", "accelerate")])
+def test_the_integrations_name_the_extra_when_their_package_is_missing(module: str, missing: str) -> None:
+    # A None entry in sys.modules makes Python's import raise ImportError, as if not installed.
+    result = _run(
+        f"""
+        import sys
+        sys.modules[{missing!r}] = None
+        try:
+            import {module}
+        except ImportError as exc:
+            print(exc)
+        else:
+            raise SystemExit("imported without {missing}")
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'fastload[hf]'" in result.stdout and repr(missing) in result.stdout
