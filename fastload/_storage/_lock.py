@@ -6,17 +6,49 @@ holder and a waiter never needs to judge whether a holder is alive. A lock file 
 while held (:meth:`HeldLock.unlink`): a waiter that then obtains the lock on the deleted file
 sees that the path no longer leads to it and starts over on the new one, so two processes can
 never both believe they hold the lock of one path.
+
+A lock belongs to the process that took it, not to its children: a flock lives as long as any
+descriptor of its open file does, and ``fork`` copies descriptors, so a child forked while its
+parent held a lock (a loader's workers are forked while the main process downloads or evicts)
+would hold it after the parent released it, for its whole life. Each child closes its copies
+of the held locks' descriptors as it starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
 import time
+import weakref
 from pathlib import Path
 
 _POLL_S = 0.05
+
+#: The locks this process holds now, and the descriptors of lock files it has open (held or
+#: waited on: one waited on at a fork may be locked by the parent afterwards): a forked child
+#: closes its copies of them all (see the module text).
+_held: weakref.WeakSet[HeldLock] = weakref.WeakSet()
+_open_fds: set[int] = set()
+
+
+def _drop_inherited() -> None:
+    for held in list(_held):
+        held._forget()
+    _held.clear()
+    for fd in _open_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _open_fds.clear()
+
+
+def _close(fd: int) -> None:
+    _open_fds.discard(fd)
+    os.close(fd)
+
+
+os.register_at_fork(after_in_child=_drop_inherited)
 
 
 class HeldLock:
@@ -26,6 +58,12 @@ class HeldLock:
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self._fd: int | None = fd
+        _held.add(self)
+
+    def _forget(self) -> None:
+        """In a forked child: close the copy of the parent's descriptor (the parent's lock
+        stays the parent's) and hold nothing."""
+        self._fd = None  # its descriptor is among those _drop_inherited closes
 
     def unlink(self) -> None:
         """Delete the lock file while holding it (see the module docstring)."""
@@ -34,7 +72,8 @@ class HeldLock:
     def release(self) -> None:
         """Idempotent; closing the descriptor drops the lock."""
         if self._fd is not None:
-            os.close(self._fd)
+            _held.discard(self)
+            _close(self._fd)
             self._fd = None
 
     def __enter__(self) -> HeldLock:
@@ -71,9 +110,10 @@ def holder(path: Path) -> str:
 def _acquire(path: Path, *, deadline: float | None, shared: bool) -> HeldLock | None:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        _open_fds.add(fd)
         try:
             if not _wait_for(fd, path, deadline, fcntl.LOCK_SH if shared else fcntl.LOCK_EX):
-                os.close(fd)
+                _close(fd)
                 return None
             if _still_at(fd, path):
                 if not shared:  # shared holders are many; the note names the exclusive one
@@ -82,9 +122,9 @@ def _acquire(path: Path, *, deadline: float | None, shared: bool) -> HeldLock | 
                     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
                 return HeldLock(path, fd)
         except BaseException:
-            os.close(fd)
+            _close(fd)
             raise
-        os.close(fd)  # the file was deleted while we waited: lock the one now at ``path``
+        _close(fd)  # the file was deleted while we waited: lock the one now at ``path``
 
 
 def _wait_for(fd: int, path: Path, deadline: float | None, mode: int) -> bool:

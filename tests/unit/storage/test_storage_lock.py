@@ -63,3 +63,38 @@ def test_an_exclusive_lock_keeps_shared_ones_out_and_its_holder_is_named(tmp_pat
     assert shared is not None
     shared.release()
 
+
+
+def test_a_child_forked_while_a_lock_is_held_or_awaited_does_not_keep_it(tmp_path: Path) -> None:
+    """A loader forks its workers while its main process may hold a lock, or wait on one and
+    take it after the fork; a flock lives as long as any copy of its descriptor, so the child
+    would hold it for its whole life. The child drops its copies as it starts."""
+    import multiprocessing
+    import threading
+    import time
+
+    from fastload._storage._lock import lock, try_lock
+
+    held_path, awaited_path = tmp_path / "held.lock", tmp_path / "awaited.lock"
+    blocker = lock(awaited_path, timeout_s=5)  # held by this thread until the waiter forks
+    held = lock(held_path, timeout_s=5)
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(lock(awaited_path, timeout_s=10)))
+
+    # blocker is released from another thread after the fork: the waiter then takes the lock.
+    waiter.start()
+    time.sleep(0.2)
+    child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3,))
+    child.start()
+    try:
+        blocker.release()
+        waiter.join(5)
+        (awaited,) = got
+        held.release()
+        awaited.release()  # type: ignore[attr-defined]
+        assert try_lock(held_path) is not None
+        assert try_lock(awaited_path) is not None  # free, though the child still runs
+        assert child.is_alive()
+    finally:
+        child.terminate()
+        child.join()
