@@ -85,11 +85,13 @@ class _BaseIterator(abc.ABC):
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         # torch's order of effects: the sampler's iterator, then the base seed.
         self._sampler_iter: Any = iter(self._index_sampler)
+        self._shard_prefetch: Any = None
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
         self._num_yielded = 0
         self._owner_pid = os.getpid()
+        self._start_shard_prefetch()
         self._meter: StallMeter = loader.meter
         self._logged_at = time.monotonic()
         self._epoch_ended = False
@@ -184,7 +186,22 @@ class _BaseIterator(abc.ABC):
             snap = self._meter.snapshot(scope="epoch")
             self._bar.set_postfix(samples_s=f"{snap.samples_per_s:,.0f}", stall=f"{snap.stall_fraction:.1%}", refresh=False)
 
+    def _start_shard_prefetch(self) -> None:
+        """For a remote dataset and a sampler that knows its plan: start bringing the epoch's
+        shards to the local disk ahead of the workers (``_formats/_prefetch.py``)."""
+        self._stop_shard_prefetch()
+        prefetch = getattr(self._dataset, "prefetch", None)
+        upcoming = getattr(self._index_sampler, "upcoming", None)
+        if prefetch is not None and upcoming is not None:
+            self._shard_prefetch = prefetch(upcoming(), lambda: self._num_yielded)
+
+    def _stop_shard_prefetch(self) -> None:
+        prefetcher, self._shard_prefetch = self._shard_prefetch, None
+        if prefetcher is not None and os.getpid() == self._owner_pid:
+            prefetcher.close()
+
     def _end_epoch(self) -> None:
+        self._stop_shard_prefetch()
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -216,6 +233,7 @@ class _BaseIterator(abc.ABC):
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
+        self._start_shard_prefetch()
         self._on_device = None
         self._epoch_ended = False
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -231,8 +249,9 @@ class _BaseIterator(abc.ABC):
         """The pids of the current worker processes (a replaced worker has a new pid)."""
         return []
 
-    def _shutdown(self, join_s: float = 2.0) -> None:  # noqa: B027  (in-process: nothing to stop)
-        """Stop what the iterator started. Idempotent."""
+    def _shutdown(self, join_s: float = 2.0) -> None:
+        """Stop what the iterator started (in-process: only the shard prefetcher). Idempotent."""
+        self._stop_shard_prefetch()
 
     def __del__(self) -> None:
         self._shutdown()
@@ -366,6 +385,7 @@ class WorkerIterator(_BaseIterator):
         """Stop the workers (NOTE [shutdown order] in ``_engine/_pool.py``). Idempotent. In a
         process that merely inherited this iterator (a forked worker of another loader) it only
         drops the references: the workers and slots belong to the process that made them."""
+        self._stop_shard_prefetch()
         runner, self._runner = self._runner, None
         if runner is None or os.getpid() != self._owner_pid:
             return

@@ -108,6 +108,12 @@ class PackedSource:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def prefetch(self, batches: Any, consumed: Any) -> Any:
+        """The dataset's prefetch of the samples of ``batches`` (see the readers'), if it has
+        one; ``None`` otherwise."""
+        start = getattr(self.dataset, "prefetch", None)
+        return start(batches, consumed) if start is not None else None
+
     def __getitem__(self, index: int) -> Any:
         return self.dataset[index]
 

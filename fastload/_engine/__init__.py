@@ -10,7 +10,13 @@ from fastload._engine._counts import batch_counts
 from fastload._engine._fetch import in_process_fetcher
 from fastload._engine._host import HostPolicy
 from fastload._engine._messages import DONE, FAILED, OK, Delivery, Kind
-from fastload._engine._runner import Runner, RunnerOptions, fast_path_collate, start_runner
+from fastload._engine._runner import (
+    Runner,
+    RunnerOptions,
+    fast_path_collate,
+    fresh_process_context,
+    start_runner,
+)
 
 __all__ = [
     "DONE",
@@ -24,6 +30,7 @@ __all__ = [
     "available_memory_bytes",
     "batch_counts",
     "fast_path_collate",
+    "fresh_process_context",
     "in_process_fetcher",
     "start_runner",
 ]

@@ -125,3 +125,18 @@ def start_runner(options: RunnerOptions, sampler_iter: Iterator[Any]) -> Runner:
 
 
 __all__ = ["Runner", "RunnerOptions", "fast_path_collate", "start_runner"]
+
+
+def fresh_process_context() -> Any:
+    """A process context whose workers do not inherit the main process's threads: a fork
+    server, started as a new interpreter with fastload imported, forks each worker.
+
+    For datasets whose clients are not safe across ``fork`` (the AWS SDK behind pyarrow's S3
+    filesystem: a worker forked while its threads hold a lock hangs creating its own client),
+    at the cost of one interpreter start per loader process, not per worker."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["fastload"])
+    return context
+

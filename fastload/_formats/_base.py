@@ -13,8 +13,7 @@ import abc
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, cast
 
@@ -31,6 +30,7 @@ from fastload._formats._columns import (
     permute_column,
     split_column,
 )
+from fastload._formats._prefetch import ShardPrefetcher
 from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field, Spans
@@ -55,31 +55,28 @@ class ShardReader(Protocol):
     def close(self) -> None: ...
 
 
-#: Remote shards one process keeps open (and pinned in the shard cache) at most: the least
-#: recently read is closed first, so that the cache can evict what no process reads any more.
+#: Remote shards one process keeps open at most: the least recently read is closed first.
 MAX_OPEN_REMOTE_SHARDS = 8
 
 
 class _ProcessState:
     """The shard readers opened by one process, opened on first use, and the cache of decoded
-    blocks they share. For a remote dataset, also the pins that keep its open shards from
-    eviction, in the order the shards were last read."""
+    blocks they share. For a remote dataset, also where its open shards lie in the local cache,
+    in the order they were last read."""
 
     def __init__(self, num_shards: int, cache_bytes: int) -> None:
         self.pid = os.getpid()
         self.readers: list[ShardReader | None] = [None] * num_shards
         self.cache: BlockCache[Any] = BlockCache(cache_bytes)
         self.lock = threading.Lock()
-        self.pins: OrderedDict[int, AbstractContextManager[Any]] = OrderedDict()
+        self.local: OrderedDict[int, str] = OrderedDict()
 
     def close_shard(self, shard: int) -> None:
         reader = self.readers[shard]
         if reader is not None:
             reader.close()
             self.readers[shard] = None
-        pin = self.pins.pop(shard, None)
-        if pin is not None:
-            pin.__exit__(None, None, None)
+        self.local.pop(shard, None)
 
     def close(self) -> None:
         for i in range(len(self.readers)):
@@ -224,6 +221,28 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return {name: self._read(s, name, local, rows, in_place=in_place) for name in self._fields}
         return dict(self._read_across_shards(rows, shard))
 
+    @property
+    def remote(self) -> bool:
+        """Whether the shards come from object storage (``s3://``, ``gs://``, ``https://``)."""
+        return self._remote is not None
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in the order their samples are numbered (for a shard-window
+        shuffle: ``shuffle_shards=``)."""
+        return np.diff(self._shard_starts).tolist()
+
+    def prefetch(
+        self, batches: Iterator[npt.NDArray[np.int64]], consumed: Callable[[], int]
+    ) -> ShardPrefetcher | None:
+        """For a remote dataset, start bringing the shards of ``batches`` (the epoch's next
+        batches, in order) to the local disk ahead of the consumer, whose progress
+        ``consumed()`` gives (see ``_prefetch.py``); ``None`` for local files. The loader calls
+        this with its sampler's plan; call ``close()`` on the result when the epoch ends."""
+        if self._remote is None:
+            return None
+        return ShardPrefetcher(self, batches, consumed)
+
     def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None:
         """For one-call builds (``fastload._protocols``): ``(field, values, offsets)`` when the
         dataset is one file with one field, ragged, whose values and int64 offsets lie in a
@@ -301,22 +320,50 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
                     if self._remote is not None:
                         self._make_room_to_open(process)
                     reader = process.readers[shard] = self._open_shard(shard, process.cache)
-        if self._remote is not None and process.pins:
-            process.pins.move_to_end(shard, last=True)
+        if self._remote is not None and shard in process.local:
+            process.local.move_to_end(shard, last=True)
         return reader
 
     def _make_room_to_open(self, process: _ProcessState) -> None:
         """Close the least recently read remote shards past :data:`MAX_OPEN_REMOTE_SHARDS`."""
-        while len(process.pins) >= MAX_OPEN_REMOTE_SHARDS:
-            process.close_shard(next(iter(process.pins)))
+        while len(process.local) >= MAX_OPEN_REMOTE_SHARDS:
+            process.close_shard(next(iter(process.local)))
 
     def _remote_local_path(self, shard: int) -> str:
-        """A remote shard on the local disk, pinned until this process closes it (called by a
-        subclass's ``_open_shard``, under the process lock)."""
+        """A remote shard on the local disk (called by a subclass's ``_open_shard``, under the
+        process lock)."""
         assert self._remote is not None and self._process is not None
-        path, pin = self._remote.open_pinned(shard)
-        self._process.pins[shard] = pin
-        return str(path)
+        path = str(self._remote.local_path(shard))
+        self._process.local[shard] = path
+        return path
+
+    def _read_remote(self, shard: int, read: Callable[[ShardReader], Column]) -> Column:
+        """``read`` of a remote shard, pinned in the cache while it runs, so that eviction
+        passes it by. A shard evicted since this process opened it is opened again (fetched
+        again); and the other shards this process has open that were evicted are closed, so
+        that their disk space is freed (an unlinked file's blocks stay while it is mapped)."""
+        assert self._remote is not None
+        for attempt in range(3):
+            try:
+                with self._remote.pin(shard):
+                    column = read(self._shard(shard))
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                self._close_remote(shard)  # evicted: open (and fetch) it again
+        process = self._process
+        assert process is not None
+        for other, path in list(process.local.items()):
+            if other != shard and not os.path.exists(path):
+                self._close_remote(other)
+        return column
+
+    def _close_remote(self, shard: int) -> None:
+        process = self._process
+        if process is not None:
+            with process.lock:
+                process.close_shard(shard)
 
     def _read(
         self,
@@ -327,11 +374,15 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         *,
         in_place: bool = False,
     ) -> Column:
-        try:
-            reader = self._shard(shard)
+        def read(reader: ShardReader) -> Column:
             if in_place:
-                return getattr(reader, "read_in_place", reader.read)(name, local)
+                return cast(Column, getattr(reader, "read_in_place", reader.read)(name, local))
             return reader.read(name, local)
+
+        try:
+            if self._remote is not None:
+                return self._read_remote(shard, read)
+            return read(self._shard(shard))
         except DataFormatError:
             raise  # already names the file, the field and the sample
         except FileNotFoundError as exc:

@@ -5,7 +5,7 @@ part selects shards) builds a :class:`RemoteSource`: the dataset's index, read o
 (cached in the local cache, fresh for :data:`INDEX_FRESH_S`; a later loader on the node makes
 no request), and the shard cache. The reader plans from the index alone; a shard is downloaded
 when a process first reads from it (:meth:`RemoteSource.local_path`), unless a prefetcher got
-there first, and is *pinned* while that process has it open, so that eviction passes it by.
+there first, and is *pinned* while a read of it runs, so that eviction passes it by.
 """
 
 from __future__ import annotations
@@ -136,19 +136,12 @@ class RemoteSource:
         finally:
             self.waited_s += time.perf_counter() - started
 
-    def open_pinned(self, shard: int) -> tuple[Path, AbstractContextManager[Any]]:
-        """Shard ``shard`` on the local disk and a held pin that keeps it there (exit the pin
-        when the shard is closed). Pinned after it is complete, and fetched again should an
-        eviction have taken it in between."""
-        for _ in range(3):
-            path = self.local_path(shard)
-            pin = self.cache().pin(self.key(shard))
-            try:
-                pin.__enter__()
-            except FileNotFoundError:
-                continue  # evicted between the download and the pin: fetch it again
-            return path, pin
-        raise DataFormatError(f"{self.urls[shard]}: evicted from the cache as soon as it arrived, three times")
+    def pin(self, shard: int) -> AbstractContextManager[Any]:
+        """Shard ``shard`` in the cache (fetched if it is not), held there while the ``with``
+        block opens or reads it; raises ``FileNotFoundError`` when it was evicted in between
+        (try again)."""
+        self.local_path(shard)
+        return self.cache().pin(self.key(shard))
 
     def _fetcher(self, entry: ShardEntry) -> Any:
         store = self.store()

@@ -142,6 +142,16 @@ class ShardCache:
         digest = hashlib.sha256(json.dumps([url, name, version]).encode()).hexdigest()[:40]
         return f"{stem}.{digest}{suffix}"
 
+    def evict(self, key: str) -> int | None:
+        """Delete shard ``key`` unless it is pinned or being written: the bytes freed, or
+        ``None`` when it stays (or is not there)."""
+        self._final(key)  # checks the key
+        return self._evict(key)
+
+    def shards(self) -> dict[str, int]:
+        """The complete shards in the cache and their sizes (a scan of the directory)."""
+        return self._shards()
+
     def contains(self, key: str) -> bool:
         """Whether a complete shard ``key`` is in the cache now."""
         return self._final(key).is_file()

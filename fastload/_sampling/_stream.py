@@ -191,6 +191,22 @@ class PlannedBatchSampler(Sampler[Any], abc.ABC):
         made), for the engine's fast path. Counts towards ``state_dict`` the same way."""
         return self._start(as_lists=False)
 
+    def upcoming(self) -> Iterator[npt.NDArray[np.int64]]:
+        """The sample indices of the batches the latest ``iter()`` has still to yield, in
+        order, without consuming them: what a prefetcher reads ahead of the workers (a packed
+        batch gives the samples of its pieces)."""
+        stream = self._iterator
+        if stream is None:
+            return iter(())
+        plan, positions = stream._plan, stream._positions[stream.yielded :]
+
+        def batches() -> Iterator[npt.NDArray[np.int64]]:
+            for position in positions:
+                batch = plan.batch(position)
+                yield np.asarray(getattr(batch, "samples", batch), dtype=np.int64)
+
+        return batches()
+
     def _start(self, *, as_lists: bool) -> _RankIterator:
         if self.on_iter is not None:
             self.on_iter()

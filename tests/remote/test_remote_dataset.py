@@ -165,3 +165,47 @@ def test_clear_errors(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path)
         fastload.HDF5Dataset(url, storage_options=wrong, cache_dir=tmp_path / "other")
     with pytest.raises(ValueError, match=r"cache_limit apply to remote datasets"):
         fastload.HDF5Dataset(corpus / "part-00000.h5", cache_limit="1GB")  # type: ignore[arg-type]
+
+
+def epochs_of(loader: fastload.DataLoader, epochs: int) -> list[list[dict[str, Any]]]:
+    return [[owned(b) for b in loader] for _ in range(epochs)]
+
+
+def test_a_full_cache_downloads_nothing_in_epoch_two(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
+    url = upload(s3_server, corpus, bucket)
+    remote = fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
+    loader = fastload.DataLoader(remote, max_tokens=2048, num_workers=2, seed=2)
+    s3_server.proxy.reset()
+    first = [owned(b) for b in loader]
+    assert sorted(shard_gets(s3_server).values()) == [1] * SHARDS  # the prefetcher or a worker
+    s3_server.proxy.reset()
+    second = [owned(b) for b in loader]
+    assert not [r for r in s3_server.requests() if r.method == "GET"]
+    assert len(first) == len(second)
+
+
+@pytest.mark.parametrize("limit_share", [1.0, 0.25])
+def test_a_small_cache_with_shard_windows_gives_the_local_batches(
+    s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, limit_share: float
+) -> None:
+    url = upload(s3_server, corpus, bucket)
+    total = sum(p.stat().st_size for p in corpus.glob("*.h5"))
+    local = fastload.HDF5Dataset(sorted(corpus.glob("*.h5")))
+    expected = epochs_of(fastload.DataLoader(local, max_tokens=2048, shuffle_shards=1, seed=5), 2)
+    remote = fastload.HDF5Dataset(
+        url, storage_options=s3_server.options, cache_dir=tmp_path, cache_limit=int(total * limit_share)
+    )
+    s3_server.proxy.reset()
+    got = epochs_of(fastload.DataLoader(remote, max_tokens=2048, shuffle_shards=1, seed=5, num_workers=2), 2)
+    for epoch_got, epoch_expected in zip(got, expected, strict=True):
+        assert len(epoch_got) == len(epoch_expected)
+        for a, b in zip(epoch_got, epoch_expected, strict=True):
+            assert all(torch.equal(a[k], b[k]) for k in b)
+    downloads = sum(shard_gets(s3_server).values())
+    if limit_share >= 1:
+        assert downloads == SHARDS  # epoch 2 from the cache
+    else:  # a quarter of the data: each shard comes again in epoch 2, but only once per epoch
+        assert SHARDS < downloads <= 2 * SHARDS
+    cache = tmp_path / "shards"
+    held = sum(p.stat().st_size for p in cache.iterdir() if not p.name.startswith("."))
+    assert limit_share >= 1 or held <= total * limit_share + max(p.stat().st_size for p in corpus.glob("*.h5"))
