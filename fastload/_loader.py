@@ -61,6 +61,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ``[rows, N]``, ``position_ids``, ``labels``, ``document_ids``, ``cu_seqlens`` and
       ``max_seqlen``. Every batch has the same shape; ``stats()`` reports the packing
       efficiency. A ``batch_sampler=PackedBatchSampler(...)`` of your own is read the same way.
+    * ``shuffle_shards=K`` (with ``length_grouped``, ``max_tokens`` or ``pack_length``): the
+      epoch visits the dataset's shards in a seeded random order, K at a time, and shuffles,
+      groups or packs samples within those K only, so a remote dataset needs about K shards in
+      its cache at once instead of every shard all epoch (``K`` ≥ the number of shards: the
+      global plan). The shards are the dataset's ``shard_sizes``.
     * ``seed``: the seed of the length-grouped or packed plan (default 0); each ``iter()``
       starts the next epoch, or the one set with :meth:`set_epoch`.
     * ``device="cuda"``: batches arrive on the GPU, each copied on a side stream while the
@@ -116,6 +121,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         length_grouped: bool = False,
         max_tokens: int | None = None,
         pack_length: int | None = None,
+        shuffle_shards: int | None = None,
         seed: int = 0,
         device: str | torch.device | None = None,
         max_shared_bytes: int | None = None,
@@ -128,6 +134,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             length_grouped=length_grouped,
             max_tokens=max_tokens,
             pack_length=pack_length,
+            shuffle_shards=shuffle_shards,
             seed=seed,
             device=device,
             max_shared_bytes=max_shared_bytes,
@@ -136,6 +143,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             host_tuning=host_tuning,
         )
         self._fastload_options = options
+        if multiprocessing_context is None and getattr(dataset, "remote", False):
+            # pyarrow's S3 client cannot be made again in a forked child of a process that
+            # used it: remote datasets get workers forked from a fresh fork server.
+            from fastload._engine import fresh_process_context
+
+            multiprocessing_context = fresh_process_context()
         if options.auto_workers:
             num_workers = 1  # the engine starts with one and the tuner grows the pool
         self.epoch_stats: list[LoaderStats] = []
@@ -162,9 +175,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             from fastload._collate import PadCollate
 
             collate_fn = PadCollate()
+        if options.shuffle_shards is not None and not (
+            length_grouped or max_tokens is not None or options.pack_length is not None
+        ):
+            raise ValueError(
+                "shuffle_shards= shapes a length-grouped or packed plan; give it with "
+                "length_grouped=True, max_tokens= or pack_length= (or pass a "
+                "LengthGroupedBatchSampler/PackedBatchSampler with shuffle_shards as batch_sampler)"
+            )
         if options.pack_length is None and (length_grouped or max_tokens is not None):
             batch_sampler = _length_grouped_sampler(
-                dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, seed
+                dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, options
             )
             batch_size, shuffle, drop_last = 1, None, False
         super().__init__(
@@ -211,6 +232,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     @property
     def pack_length(self) -> int | None:
         return self._fastload_options.pack_length
+
+    @property
+    def shuffle_shards(self) -> int | None:
+        return self._fastload_options.shuffle_shards
 
     @property
     def seed(self) -> int:
@@ -481,7 +506,21 @@ def _packed_sampler(
         shuffle=True if shuffle is None else bool(shuffle),
         seed=options.seed,
         drop_last=drop_last,
+        **_shard_window(dataset, options),
     )
+
+
+def _shard_window(dataset: Any, options: LoaderOptions) -> dict[str, Any]:
+    """The sampler options of ``shuffle_shards=K``: K and the dataset's shards."""
+    if options.shuffle_shards is None:
+        return {}
+    sizes = getattr(dataset, "shard_sizes", None)
+    if sizes is None:
+        raise ValueError(
+            f"shuffle_shards= needs the dataset's shards (`shard_sizes`, samples per shard); "
+            f"{type(dataset).__name__} has none"
+        )
+    return {"shuffle_shards": options.shuffle_shards, "shard_sizes": sizes}
 
 
 def _length_grouped_sampler(
@@ -492,7 +531,7 @@ def _length_grouped_sampler(
     batch_sampler: Any,
     drop_last: bool,
     max_tokens: int | None,
-    seed: int,
+    options: LoaderOptions,
 ) -> Any:
     from fastload._sampling import LengthGroupedBatchSampler
 
@@ -514,6 +553,7 @@ def _length_grouped_sampler(
         batch_size=batch_size if max_tokens is None or batch_size != 1 else None,
         max_tokens=max_tokens,
         shuffle=True if shuffle is None else bool(shuffle),
-        seed=seed,
+        seed=options.seed,
         drop_last=drop_last,
+        **_shard_window(dataset, options),
     )

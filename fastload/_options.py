@@ -20,6 +20,7 @@ class LoaderOptions:
     length_grouped: bool = False
     max_tokens: int | None = None
     pack_length: int | None = None
+    shuffle_shards: int | None = None
     seed: int = 0
     device: torch.device | None = None  # the CUDA device batches are copied to; None: the host
     requested_device: str | torch.device | None = None  # as the user gave it
@@ -37,6 +38,7 @@ class LoaderOptions:
         length_grouped: Any,
         max_tokens: Any,
         pack_length: Any,
+        shuffle_shards: Any,
         seed: Any,
         device: Any,
         max_shared_bytes: Any,
@@ -66,6 +68,7 @@ class LoaderOptions:
             length_grouped=grouped,
             max_tokens=_positive_int("max_tokens", max_tokens, optional=True),
             pack_length=packed,
+            shuffle_shards=_positive_int("shuffle_shards", shuffle_shards, optional=True),
             seed=_seed(seed),
             device=_device(device),
             requested_device=device,

@@ -4,6 +4,7 @@ exact resume, ranks, statistics, and clear errors."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import Counter
 from pathlib import Path
@@ -176,3 +177,17 @@ def test_a_length_that_disagrees_with_the_data_names_the_sample(token_file: Path
     loader = fastload.DataLoader(Lying(), batch_size=1, pack_length=16, shuffle=False)
     with pytest.raises(DataFormatError, match=r"field 'tokens' of sample 1 has 2 elements, but the dataset's lengths say 5"):
         list(loader)
+
+
+def test_shuffle_shards_shapes_only_a_planned_loader(token_file: Path) -> None:
+    dataset = fastload.HDF5Dataset([str(token_file)] * 3)  # three shards of the same file
+    loader = fastload.DataLoader(dataset, batch_size=ROWS, pack_length=SEQ_LEN, shuffle_shards=1)
+    sampler = copy.deepcopy(loader.batch_sampler)  # a copy: the loader's own is for its engine
+    assert sampler is not None and sampler.num_replicas == 1
+    per_shard = len(dataset) // 3
+    for batch in sampler:  # K=1: every batch reads one shard
+        assert len({int(s) // per_shard for s in batch.samples}) <= 1
+    with pytest.raises(ValueError, match=r"shuffle_shards= shapes a length-grouped or packed plan"):
+        fastload.DataLoader(dataset, batch_size=2, shuffle_shards=1)
+    with pytest.raises(ValueError, match=r"shuffle_shards must be a positive integer"):
+        fastload.DataLoader(dataset, max_tokens=512, shuffle_shards=0)
