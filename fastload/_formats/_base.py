@@ -160,6 +160,15 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         return list(self._files)
 
     @property
+    def read_files(self) -> list[str]:
+        """The local files that reads go to, one per shard: :attr:`files`, except that a
+        Parquet file read through its decoded copy is that copy. Empty for a remote dataset
+        (its shards are in the shard cache, downloaded as they are needed)."""
+        if self._remote is not None:
+            return []
+        return [self._read_path(s) for s in range(len(self._files))]
+
+    @property
     def lengths(self) -> npt.NDArray[np.int64]:
         """int64 ``[N]``: the number of elements of each sample of :attr:`length_field`.
 
