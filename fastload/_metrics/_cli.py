@@ -11,6 +11,7 @@ import argparse
 import gc
 import platform
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -248,11 +249,19 @@ def _check_cold(data: str) -> None:
         raise UsageError(f"--cold needs posix_fadvise, which {sys.platform} lacks")
 
 
-def evict_files(paths: list[str]) -> int:
+def evict_files(paths: list[str], *, tries: int = 5, pause_s: float = 0.2) -> int:
     """Evict ``paths`` from the page cache; the bytes still resident after (0 where that
-    cannot be measured)."""
-    evict(paths)
-    return resident_bytes(paths) or 0
+    cannot be measured). Tries again while some stay: the last run's workers may still be
+    exiting, holding their maps."""
+    left = 0
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(pause_s)
+        evict(paths)
+        left = resident_bytes(paths) or 0
+        if not left:
+            break
+    return left
 
 
 def _summary(
