@@ -14,7 +14,7 @@ from fastload._formats._arrow_convert import NullFill
 from fastload._formats._arrow_schema import ArrowField, select_fields
 from fastload._formats._arrow_shard import ArrowShard, check_nulls
 from fastload._formats._arrow_source import ARROW_ERRORS, Segments, open_segments
-from fastload._formats._base import ShardedDataset
+from fastload._formats._base import ShardedDataset, ShardReader
 from fastload._formats._cache import BlockCache
 from fastload._formats._fields import check_same_fields, pick_length_field, requested_names
 from fastload._formats._parquet_copy import copy_name, decoded_copy
@@ -202,6 +202,15 @@ class ArrowDataset(ShardedDataset):
     def _shard_name(self, shard: int) -> str:
         source, read = self._files[shard], self._read_paths[shard]
         return source if read == source else copy_name(Path(source), Path(read))
+
+    def _read_path(self, shard: int) -> str:
+        return self._read_paths[shard]
+
+    def _reader_for_hints(self, shard: int) -> ShardReader | None:
+        """The shard, opened in this process if it is not yet: Arrow maps the file, which no
+        read or forked worker depends on (a compressed file decodes each record batch once
+        to count its rows, and then has nothing to advise)."""
+        return self._shard(shard)
 
     def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ArrowShard:
         if self._remote is not None:

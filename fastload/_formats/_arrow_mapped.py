@@ -21,6 +21,7 @@ import pyarrow as pa
 from fastload._formats._arrow_convert import null_rows
 from fastload._formats._arrow_schema import ArrowField, storage_array
 from fastload._formats._columns import ragged_gather
+from fastload._formats._readahead import ByteRanges
 from fastload._types import Column, Ragged
 
 ViewOf = Callable[[np.dtype], np.ndarray]
@@ -71,6 +72,23 @@ class MappedColumn:
         positions = self._first[segment] + starts * self._per_item
         values = ragged_gather(self._values, positions, lengths * self._per_item)
         return Ragged(values.reshape(-1, *self._field.shape), lengths)
+
+    def byte_ranges(self, rows: npt.NDArray[np.int64]) -> ByteRanges:
+        """Where the values of ``rows`` lie in the file (the mapping starts at its byte 0;
+        list offsets are read to find them)."""
+        if len(self._segment_starts) == 1:
+            segment: npt.NDArray[np.intp] | int = 0
+        else:
+            segment = np.searchsorted(self._segment_starts, rows, side="right") - 1
+        item_bytes = self._values.itemsize * self._per_item
+        if self._offsets is None or self._offsets_shift is None:
+            positions = self._row_shift[segment] + rows * self._per_item
+            return positions * self._values.itemsize, np.full(len(rows), item_bytes, np.int64)
+        at = self._offsets_shift[segment] + rows
+        starts = self._offsets[at].astype(np.int64)
+        lengths = self._offsets[at + 1] - starts
+        positions = self._first[segment] + starts * self._per_item
+        return positions * self._values.itemsize, lengths.astype(np.int64) * item_bytes
 
     def lengths(self) -> npt.NDArray[np.int64]:
         assert self._offsets is not None and self._offsets_first is not None

@@ -20,6 +20,7 @@ from fastload._formats._arrow_schema import ArrowField, field_array
 from fastload._formats._arrow_source import Segments, open_segments
 from fastload._formats._cache import BlockCache
 from fastload._formats._columns import group_positions, inverse_permutation, permute_column
+from fastload._formats._readahead import ByteRanges
 from fastload._types import Column
 
 
@@ -83,6 +84,12 @@ class ArrowShard:
         samples = rows[order] + self._first_sample
         column = to_column(combined, spec, self._null_fill, samples, self._path)
         return permute_column(column, inverse_permutation(order))
+
+    def byte_ranges(self, field: str, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
+        """Where the values of ``rows`` of ``field`` lie in the file, for a field read from
+        the memory map (``None`` for one that Arrow reads)."""
+        mapped = self._mapped.get(field)
+        return None if mapped is None else mapped.byte_ranges(rows)
 
     def lengths(self, field: str) -> npt.NDArray[np.int64]:
         mapped = self._mapped.get(field)

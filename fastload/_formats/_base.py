@@ -31,6 +31,13 @@ from fastload._formats._columns import (
     split_column,
 )
 from fastload._formats._prefetch import ShardPrefetcher
+from fastload._formats._readahead import (
+    MAX_ADVISED_RANGES,
+    AdviseFiles,
+    ByteRanges,
+    coalesce_ranges,
+    earliest,
+)
 from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field, Spans
@@ -41,7 +48,13 @@ _PER_PROCESS = ("_process", "_lengths")
 
 
 class ShardReader(Protocol):
-    """One shard file opened in the current process."""
+    """One shard file opened in the current process.
+
+    Optional, for :meth:`ShardedDataset.willneed`: ``byte_ranges(field, rows) -> (starts,
+    lengths) | None``, the byte ranges of the file read by :meth:`ShardedDataset._read_path`
+    that hold the payload of ``rows`` of ``field`` (int64 arrays, any order), or ``None``
+    where the reader does not know them. A reader without it gets no readahead hints.
+    """
 
     def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
         """The samples ``rows`` (shard-local, in range, any order, duplicates allowed) of
@@ -70,6 +83,7 @@ class _ProcessState:
         self.cache: BlockCache[Any] = BlockCache(cache_bytes)
         self.lock = threading.Lock()
         self.local: OrderedDict[int, str] = OrderedDict()
+        self.hints = AdviseFiles()
 
     def close_shard(self, shard: int) -> None:
         reader = self.readers[shard]
@@ -81,6 +95,7 @@ class _ProcessState:
     def close(self) -> None:
         for i in range(len(self.readers)):
             self.close_shard(i)
+        self.hints.close()
 
 
 class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
@@ -140,6 +155,15 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
     def files(self) -> list[str]:
         """The shard files, in the order their samples are numbered."""
         return list(self._files)
+
+    @property
+    def read_files(self) -> list[str]:
+        """The local files that reads go to, one per shard: :attr:`files`, except that a
+        Parquet file read through its decoded copy is that copy. Empty for a remote dataset
+        (its shards are in the shard cache, downloaded as they are needed)."""
+        if self._remote is not None:
+            return []
+        return [self._read_path(s) for s in range(len(self._files))]
 
     @property
     def lengths(self) -> npt.NDArray[np.int64]:
@@ -257,6 +281,67 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         found = mapped(name) if mapped is not None else None
         return None if found is None else (name, *found)
 
+    def willneed(self, indices: npt.ArrayLike) -> int:
+        """Tell the kernel that the samples ``indices`` (any order, duplicates and negative
+        indices allowed) will be read soon: ``posix_fadvise(WILLNEED)`` on the byte ranges
+        holding their payload, widened to pages and merged where they touch, so that a cold
+        disk reads them while the step runs. Returns the bytes advised (0: nothing known to
+        advise). The call returns once the reads are queued; it does not wait for them.
+
+        Advised: memory-mapped fields (the fastload HDF5 layout and contiguous HDF5 arrays,
+        numeric fields of uncompressed Arrow IPC). Not advised (they count 0): HDF5 shards
+        with a chunked, compressed, variable-length or string field (no shard-wide placement
+        is known for them), fields Arrow reads itself (strings, bools, nullable fields,
+        compressed files), and remote datasets (their shards are downloaded, not hinted).
+        At most :data:`~fastload._formats._readahead.MAX_ADVISED_RANGES` merged ranges per
+        call, those of the earliest ``indices`` first.
+
+        Costs a few numpy operations and one system call per merged range. May be called in
+        any process, the main one included, from any thread: it opens a shard only where
+        opening changes no read (a memory map, never an HDF5 file), and reads only index data
+        (offsets) to find the ranges. Raises ``IndexError`` for an index out of range, and
+        what a read raises for a shard that cannot be opened."""
+        if self._remote is not None:
+            return 0
+        rows = normalize_indices(indices, self._num_samples)
+        if rows.size == 0:
+            return 0
+        shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
+        _, groups = group_positions(shard)
+        found: list[tuple[int, ByteRanges]] = []
+        ranks: list[npt.NDArray[np.int64]] = []
+        for group in groups:
+            s = int(shard[group[0]])
+            reader = self._reader_for_hints(s)
+            byte_ranges = getattr(reader, "byte_ranges", None)
+            if byte_ranges is None:
+                continue
+            local = rows[group] - self._shard_starts[s]
+            parts = [(byte_ranges(name, local), group) for name in self._fields]
+            known = [(r, g) for r, g in parts if r is not None]
+            if not known:
+                continue
+            starts, lengths, rank = coalesce_ranges(
+                np.concatenate([r[0] for r, _ in known]),
+                np.concatenate([r[1] for r, _ in known]),
+                np.concatenate([g.astype(np.int64) for _, g in known]),
+            )
+            found.append((s, (starts, lengths)))
+            ranks.append(rank)
+        if not found:
+            return 0
+        total = sum(len(r) for r in ranks)
+        if total > MAX_ADVISED_RANGES:
+            kept = np.zeros(total, bool)
+            kept[earliest(np.concatenate(ranks), MAX_ADVISED_RANGES)] = True
+            cuts = np.cumsum([len(r) for r in ranks])[:-1]
+            found = [
+                (s, (starts[keep], lengths[keep]))
+                for (s, (starts, lengths)), keep in zip(found, np.split(kept, cuts), strict=True)
+            ]
+        hints = self._process_state().hints
+        return sum(hints.advise(self._read_path(s), starts, lengths) for s, (starts, lengths) in found)
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as ``{field: value}``: an array per ragged field, an array or numpy
         scalar per fixed field, a ``str``/``bytes`` per object field."""
@@ -303,7 +388,7 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return self._files[0]
         return f"{len(self._files)} shards {self._files[0]} .. {self._files[-1]}"
 
-    def _shard(self, shard: int) -> ShardReader:
+    def _process_state(self) -> _ProcessState:
         process = self._process
         if process is None or process.pid != os.getpid():
             if process is not None:
@@ -312,6 +397,24 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
                 # closing them here releases only the child's copies.
                 process.close()
             process = self._process = _ProcessState(len(self._files), self._cache_bytes)
+        return process
+
+    def _read_path(self, shard: int) -> str:
+        """The local file that reads of shard ``shard`` go to (a subclass that reads another
+        file than the one given says which)."""
+        return self._files[shard]
+
+    def _reader_for_hints(self, shard: int) -> ShardReader | None:
+        """The reader whose ``byte_ranges`` locate shard ``shard``'s samples for
+        :meth:`willneed`: the one this process has open, else ``None``. A subclass opens one
+        where opening changes no read."""
+        process = self._process
+        if process is None or process.pid != os.getpid():
+            return None
+        return process.readers[shard]
+
+    def _shard(self, shard: int) -> ShardReader:
+        process = self._process_state()
         reader = process.readers[shard]
         if reader is None:
             with process.lock:

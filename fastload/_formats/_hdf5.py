@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._base import ShardedDataset
+from fastload._formats._base import ShardedDataset, ShardReader
 from fastload._formats._cache import BlockCache
 from fastload._formats._fields import check_same_fields, pick_length_field, requested_names
 from fastload._formats._hdf5_layout import (
@@ -162,6 +162,18 @@ class HDF5Dataset(ShardedDataset):
         reader = H5Shard(path, shard, specs, cache)
         reader.release_unused_file()
         return reader
+
+    def _reader_for_hints(self, shard: int) -> ShardReader | None:
+        """The shard open in this process, else, when its placement is known and the file
+        unchanged, the shard opened as a :class:`MappedShard` (a memory map: no HDF5 state that
+        a later read or a forked worker would inherit); else ``None``."""
+        reader = super()._reader_for_hints(shard)
+        if reader is not None:
+            return reader
+        placement = self._placements[shard]
+        if self._remote is None and placement is not None and _unchanged(self._files[shard], placement):
+            return self._shard(shard)
+        return None
 
     def _open_remote_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard | MappedShard:
         """A remote shard, once in the local cache, described and validated as a local file

@@ -12,6 +12,7 @@ from fastload._formats._columns import permute_column, ragged_gather
 from fastload._formats._hdf5_heap import HeapReader
 from fastload._formats._hdf5_rows import MappedRows, Rows, native
 from fastload._formats._hdf5_vlen import Descriptors, vlen_lengths
+from fastload._formats._readahead import ByteRanges
 from fastload._types import Column, Ragged
 
 #: A column that is memory-mapped alone, as its kind and the placements of its datasets:
@@ -61,6 +62,12 @@ class OffsetsColumn:
         offsets = getattr(self._offsets, "placement", None)
         return None if values is None or offsets is None else ("offsets", values, offsets)
 
+    def byte_ranges(self, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
+        """Where the values of ``rows`` lie in the file, when they are mapped (reads the
+        offsets of ``rows``)."""
+        located = getattr(self._values, "byte_ranges", None)
+        return None if located is None else located(*self._spans(rows))
+
     def mapped(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(values, offsets)`` as they lie in the file's memory map, native-endian with int64
         offsets, or ``None`` when either is read another way."""
@@ -97,6 +104,11 @@ class ArrayColumn:
 
     def read(self, rows: npt.NDArray[np.int64]) -> Column:
         return self._rows.take(rows)
+
+    def byte_ranges(self, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
+        """Where ``rows`` lie in the file, when they are mapped."""
+        located = getattr(self._rows, "byte_ranges", None)
+        return None if located is None else located(rows, np.ones(len(rows), np.int64))
 
 
 class VlenColumn:

@@ -14,6 +14,7 @@ import numpy.typing as npt
 from fastload._formats._cache import BlockCache
 from fastload._formats._columns import ragged_gather
 from fastload._formats._mmap import FileMap
+from fastload._formats._readahead import ByteRanges
 from fastload._types import Spans
 
 # Rows per block when reading a dataset that is neither mappable nor chunked (compact or
@@ -69,6 +70,14 @@ class MappedRows:
     def spans(self, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> Spans | None:
         """The rows left in the map (``None`` when they need a byte swap first)."""
         return Spans(self._view, starts, lengths) if self._swap_to is None else None
+
+    def byte_ranges(self, starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> ByteRanges | None:
+        """Where rows ``starts[i] : starts[i] + lengths[i]`` lie in the file, as byte ranges
+        (``None`` without a placement)."""
+        if self.placement is None:
+            return None
+        row_bytes = math.prod(self._view.shape[1:]) * self._view.itemsize
+        return self.placement[0] + starts * row_bytes, lengths * row_bytes
 
     @property
     def in_place(self) -> np.ndarray | None:

@@ -25,6 +25,7 @@ from fastload._formats._hdf5_layout import LENGTHS_INDEX, H5Field
 from fastload._formats._hdf5_rows import map_rows, open_rows
 from fastload._formats._hdf5_vlen import Descriptors
 from fastload._formats._mmap import FileMap
+from fastload._formats._readahead import ByteRanges
 from fastload._formats._sniff import describe, sniff
 from fastload._formats._validate import lengths_from_offsets
 from fastload._types import Column
@@ -94,6 +95,12 @@ class _ColumnReads:
 
     def lengths(self, field: str) -> npt.NDArray[np.int64]:
         return self._ragged[field].lengths()
+
+    def byte_ranges(self, field: str, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
+        """Where the payload of ``rows`` of ``field`` lies in the file (``None`` unless it is
+        memory-mapped)."""
+        located = getattr(self._columns[field], "byte_ranges", None)
+        return None if located is None else located(rows)
 
 
 class MappedShard(_ColumnReads):

@@ -87,6 +87,8 @@ class BenchRow:
     diagnosis: str
     #: Packed batches: real tokens / rows * seq_len, in place of ``padding_efficiency``.
     packing_efficiency: float | None = None
+    #: The run started with the dataset's files evicted from the page cache (``--cold``).
+    cold: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,6 +195,7 @@ def run_configuration(
     step: Step,
     step_name: str,
     device: torch.device,
+    cold: bool = False,
 ) -> BenchRow:
     batches = make_loader(
         loader, dataset, plan, collate, workers=workers, prefetch=prefetch, device=device
@@ -216,6 +219,7 @@ def run_configuration(
         padding_efficiency=stats.padding_efficiency,
         diagnosis=stats.diagnosis,
         packing_efficiency=stats.packing_efficiency,
+        cold=cold,
     )
 
 

@@ -10,26 +10,50 @@ nothing during the measured loop.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
 import fastload
+from fastload._remote import is_remote
 from fastload._types import PackedBatch
-from fastload.errors import DataFileNotFoundError, UsageError
+from fastload.errors import DataFileNotFoundError, DataFormatError, UsageError
 
 HDF5_SUFFIXES = (".h5", ".hdf5")
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
 
-def open_dataset(data: str) -> Any:
+def open_dataset(data: str, remote: Mapping[str, Any] | None = None) -> Any:
     """``fastload.HDF5Dataset`` for ``.h5``/``.hdf5`` (or a folder holding such files),
     ``fastload.ArrowDataset`` for Arrow IPC, Feather and Parquet (or any other folder, e.g. a
     Hugging Face ``save_to_disk`` folder). Missing files raise
     :class:`~fastload.errors.DataFileNotFoundError`, unreadable ones
-    :class:`~fastload.errors.DataFormatError`."""
+    :class:`~fastload.errors.DataFormatError`.
+
+    A URL (``s3://``, ``gs://``, ``https://``) is opened with the keyword arguments ``remote``
+    (``storage_options``, ``cache_dir``, ``cache_limit``): by its suffix when it names files,
+    else (a folder) as HDF5, and as Arrow when its index says the shards are Arrow."""
+    if is_remote(data):
+        options = dict(remote or {})
+        suffix = PurePosixPath(data.rstrip("/")).suffix.lower()
+        if suffix in ARROW_SUFFIXES:
+            return fastload.ArrowDataset(data, **options)
+        try:
+            return fastload.HDF5Dataset(data, **options)
+        except DataFormatError:
+            if suffix in HDF5_SUFFIXES:
+                raise
+            # A folder's shards are HDF5 or Arrow, as its index says; a fault of the index
+            # itself fails as Arrow too, with the same message.
+            return fastload.ArrowDataset(data, **options)
+    if remote:
+        raise UsageError(
+            f"DATA {data}: --storage-option, --cache-dir and --cache-limit are for a remote DATA"
+            " (s3://, gs://, https://); a local path is read in place"
+        )
     path = Path(data)
     suffix = path.suffix.lower()
     if suffix in HDF5_SUFFIXES:

@@ -8,8 +8,10 @@ traceback; 130 interrupted (from ``fastload.cli.main``).
 from __future__ import annotations
 
 import argparse
+import gc
 import platform
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from fastload._metrics._bench_steps import (
     model_field,
     resolve_device,
 )
+from fastload._metrics._pagecache import can_evict, evict, resident_bytes
+from fastload._remote import is_remote
 from fastload.errors import FastloadError, UsageError
 
 DESCRIPTION = """\
@@ -56,7 +60,10 @@ examples:
   fastload bench corpus.h5 --workers 1,2,4,8 --step-ms 20 --out bench-results
   fastload bench shards/ --max-tokens 16384 --model tiny
   fastload bench corpus.h5 --pack 2048 --batch-size 8    packed rows of 2048 tokens
-  fastload bench corpus.h5 --smoke                      a few seconds, to try it out"""
+  fastload bench corpus.h5 --smoke                      a few seconds, to try it out
+  fastload bench corpus.h5 --cold --workers 2 --step-ms 10   every run from a cold disk
+  fastload bench s3://bucket/corpus/ --storage-option endpoint_override=http://127.0.0.1:9000 \
+      --cache-dir /tmp/fl-cache --cache-limit 20GB      a remote corpus through the shard cache"""
 
 #: --smoke: every unset option becomes tiny (explicit options still win).
 SMOKE = {"workers": (0, 1), "prefetch": (2,), "step_ms": (1.0,), "batches": 8, "batch_size": 16}
@@ -91,6 +98,21 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--batches", metavar="N", help="batches per configuration (default 100)")
     parser.add_argument("--out", metavar="DIR", help="write results.json, results.csv, stall.png")
     parser.add_argument("--smoke", action="store_true", help="everything tiny: a few seconds")
+    parser.add_argument(
+        "--cold", action="store_true",
+        help="before each configuration, evict DATA's files from the page cache (os.sync, then"
+        " posix_fadvise DONTNEED: no root needed; pages that other processes map or lock stay,"
+        " and the summary says how many) so that every run reads a cold local disk",
+    )
+    parser.add_argument(
+        "--storage-option", metavar="KEY=VALUE", action="append", default=[],
+        help="a remote DATA's client option (repeatable), e.g. endpoint_override=http://host:9000;"
+        " true/false and numbers are converted",
+    )
+    parser.add_argument("--cache-dir", metavar="DIR", help="a remote DATA's shard cache directory")
+    parser.add_argument(
+        "--cache-limit", metavar="SIZE", help="a remote DATA's shard cache limit, e.g. 20GB"
+    )
     parser.set_defaults(func=run)
 
 
@@ -129,7 +151,11 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     pack = _int("--pack", args.pack)
     if args.device not in DEVICES:
         raise UsageError(f"--device must be one of {', '.join(DEVICES)}; got {args.device!r}")
-    dataset = open_dataset(args.data)
+    remote = _remote_options(args)
+    if args.cold:
+        _check_cold(args.data)
+    dataset = open_dataset(args.data, remote)
+    cold_files: list[str] | None = list(dataset.read_files) if args.cold else None
     plan = make_plan(
         dataset, batches=options.batches, batch_size=batch_size, max_tokens=max_tokens,
         pack_length=pack,
@@ -145,6 +171,8 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     collate = make_collate(dataset, plan)
     cores = available_cores()
     say(_summary(dataset, plan, batch_size, max_tokens, device, cores))
+    if cold_files is not None:
+        say(f"cold: the page cache is emptied of {len(cold_files)} file(s) before each run")
     if not pss_available():
         say("memory not measured: it needs psutil (pip install psutil)")
     say("")
@@ -152,9 +180,18 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     rows: list[BenchRow] = []
     for step_name, step in steps:
         for loader, workers, prefetch in configurations(options):
+            if cold_files is not None:
+                # A mapped page cannot be evicted: unmap this process's files (a run without
+                # workers read through them; the next read maps again) and collect the last
+                # run's loader, whose workers may still hold theirs.
+                dataset.close()
+                gc.collect()
+                left = evict_files(cold_files)
+                if left:
+                    say(f"cold: {left / 1e6:.1f} MB of the files stayed in the page cache")
             row = run_configuration(
                 loader, workers, prefetch, dataset=dataset, plan=plan, collate=collate,
-                step=step, step_name=step_name, device=device,
+                step=step, step_name=step_name, device=device, cold=cold_files is not None,
             )
             rows.append(row)
             say(table_row(row))
@@ -168,9 +205,63 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         say(f"  {rec.text}")
     if args.out is not None:
         meta = _meta(args.data, dataset, plan, options, batch_size, max_tokens, device, cores)
+        meta["options"]["cold"] = cold_files is not None
         for line in write_results(Path(args.out), rows, recommendations, meta):
             say(line)
     return 0
+
+
+def _remote_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The reader's keyword arguments for a remote DATA, from the options given."""
+    remote: dict[str, Any] = {}
+    if args.storage_option:
+        remote["storage_options"] = dict(_storage_option(o) for o in args.storage_option)
+    if args.cache_dir is not None:
+        remote["cache_dir"] = args.cache_dir
+    if args.cache_limit is not None:
+        remote["cache_limit"] = args.cache_limit
+    return remote
+
+
+def _storage_option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"--storage-option: expected KEY=VALUE; got {text!r}")
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return key.strip(), lowered == "true"
+    for number in (int, float):
+        try:
+            return key.strip(), number(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def _check_cold(data: str) -> None:
+    """Raise :class:`UsageError` where ``--cold`` cannot evict ``data``'s files."""
+    if is_remote(data):
+        raise UsageError(
+            "--cold evicts local files from the page cache; for a cold remote DATA, give an"
+            " empty --cache-dir"
+        )
+    if not can_evict():
+        raise UsageError(f"--cold needs posix_fadvise, which {sys.platform} lacks")
+
+
+def evict_files(paths: list[str], *, tries: int = 5, pause_s: float = 0.2) -> int:
+    """Evict ``paths`` from the page cache; the bytes still resident after (0 where that
+    cannot be measured). Tries again while some stay: the last run's workers may still be
+    exiting, holding their maps."""
+    left = 0
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(pause_s)
+        evict(paths)
+        left = resident_bytes(paths) or 0
+        if not left:
+            break
+    return left
 
 
 def _summary(

@@ -137,3 +137,56 @@ def test_user_errors_exit_2_with_one_line(
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("fastload bench: error: ")
     assert message in lines[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="eviction and mincore are Linux's")
+def test_cold_evicts_the_files_before_every_configuration_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fastload._metrics import _cli
+    from fastload._metrics._pagecache import resident_bytes
+
+    data = write_corpus(tmp_path / "corpus.h5")
+    evicted: list[int | None] = []
+    original = _cli.evict_files
+
+    def evict_and_check(paths: list[str]) -> int:
+        left = original(paths)
+        evicted.append(resident_bytes(paths))
+        return left
+
+    monkeypatch.setattr(_cli, "evict_files", evict_and_check)
+    code = fastload_main(["bench", str(data), "--smoke", "--cold", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert "cold: the page cache is emptied of 1 file(s) before each run" in out
+    assert evicted == [0, 0, 0, 0]  # before each of the 4 configurations, nothing left resident
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["options"]["cold"] is True
+    assert [r["cold"] for r in saved["rows"]] == [True] * 4
+
+
+def test_a_run_without_cold_leaves_the_page_cache_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = write_corpus(tmp_path / "corpus.h5")
+    code = fastload_main(["bench", str(data), "--smoke", "--workers", "0", "--out", str(tmp_path / "out")])
+    assert code == 0 and "cold:" not in capsys.readouterr().out
+    assert [r["cold"] for r in json.loads((tmp_path / "out" / "results.json").read_text())["rows"]] == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["corpus.h5", "--smoke", "--storage-option", "endpoint_override=x"], "are for a remote DATA"),
+        (["s3://bucket/corpus/", "--storage-option", "novalue"], "--storage-option: expected KEY=VALUE"),
+        (["s3://bucket/corpus/", "--cold", "--storage-option", "endpoint_override=http://127.0.0.1:9"], "--cold evicts local files"),
+    ],
+)
+def test_remote_options_misused_exit_2_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    argv: list[str], message: str,
+) -> None:
+    write_corpus(tmp_path / "corpus.h5", samples=20)
+    monkeypatch.chdir(tmp_path)
+    assert fastload_main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message in err[0], err
