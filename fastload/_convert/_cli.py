@@ -32,7 +32,9 @@ examples:
   fastload convert corpus/ -o corpus.h5                          lines of .txt files, byte tokens
   fastload convert data.jsonl.gz -o d.h5 --tokenizer tok.json --label-field label
   fastload convert docs/ --format txt --per-file -o docs.h5 --errors replace
-  fastload convert tokens.npy offsets.npy --offsets tokens=offsets -o t.h5"""
+  fastload convert tokens.npy offsets.npy --offsets tokens=offsets -o t.h5
+  fastload convert data.jsonl -o s3://bucket/corpus/ --shard-size 100000   converted here, uploaded,
+                                                                  fastload-index.json last"""
 
 
 def _names(text: str) -> list[str]:
@@ -49,7 +51,11 @@ def _pair(text: str) -> tuple[str, str]:
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or globs")
     parser.add_argument(
-        "-o", "--output", required=True, type=Path, metavar="OUT.h5", help="the file to write"
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT.h5",
+        help="the file to write, or a folder URL (s3://bucket/corpus/, gs://...) to upload shards and their index to",
     )
     reading = parser.add_argument_group("reading")
     reading.add_argument(
@@ -169,12 +175,25 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokenize in N processes (default 0: in this one); the output is the same for any N",
     )
     output.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    add_storage_option_argument(output)
+
+
+def add_storage_option_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an s3:// or gs:// client option (pyarrow.fs.S3FileSystem's or GcsFileSystem's names, "
+        "e.g. endpoint_override=http://127.0.0.1:9000); repeatable; numbers and true/false are "
+        "parsed; the AWS_* environment variables apply without it",
+    )
 
 
 def options_from_args(args: argparse.Namespace) -> ConvertOptions:
     return ConvertOptions(
         inputs=tuple(args.inputs),
-        output=args.output,
+        output=Path(args.output),
         format=args.format,
         per_file=args.per_file,
         text_field=args.text_field,
@@ -205,8 +224,15 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_convert(args: argparse.Namespace, prog: str = "fastload convert") -> int:
+    from fastload._remote import is_remote
+
+    if is_remote(args.output):
+        return _run_remote_convert(args, prog)
     from fastload._convert._convert import convert
 
+    if args.storage_option:
+        print(f"{prog}: error: --storage-option applies to an s3:// or gs:// output, not {args.output}", file=sys.stderr)
+        return 2
     try:
         report = convert(options_from_args(args))
     except (FastloadError, OSError) as exc:
@@ -214,6 +240,27 @@ def run_convert(args: argparse.Namespace, prog: str = "fastload convert") -> int
         return 2
     if not args.quiet:
         print(report.summary())
+        for note in report.notes():
+            print(f"  {note}")
+    return 0
+
+
+def _run_remote_convert(args: argparse.Namespace, prog: str) -> int:
+    from fastload._convert._publish import convert_to_store, parse_storage_options, stderr_echo
+
+    try:
+        report, upload = convert_to_store(
+            options_from_args(args),
+            args.output,
+            parse_storage_options(args.storage_option),
+            echo=stderr_echo(args.quiet),
+        )
+    except (FastloadError, OSError) as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(f"converted {report.samples:,} samples, {report.tokens:,} tokens in {report.seconds:.2f} s")
+        print(upload.summary())
         for note in report.notes():
             print(f"  {note}")
     return 0

@@ -1,6 +1,10 @@
 """The conversion, start to end: discover inputs, fix the fields, stream chunks through the
 encoders into the spool writer, write the shards, publish them atomically.
 
+A sharded output (``--shard-size``) also gets ``fastload-index.json`` beside its shards, naming
+this run's shards only and renamed into place after them; a single-file output gets none (a
+single file needs no index to be planned; ``fastload index`` indexes a folder of them).
+
 User errors surface as FastloadError subclasses (UsageError, DataFormatError) or as the OSError
 that fits (FileNotFoundError, FileExistsError, PermissionError), each with a one-line message;
 the command-line layer prints them without a traceback.
@@ -38,6 +42,8 @@ from fastload._convert._tokenize import (
     write_vocab,
 )
 from fastload._convert._writer import OutputField, SpoolWriter, smallest_int_dtype
+from fastload._formats._indexing import index_of, write_index
+from fastload._remote import INDEX_NAME
 from fastload.errors import DataFormatError, UsageError
 
 #: Most bytes of file names recorded in the ``source`` attribute (HDF5 keeps attributes small).
@@ -60,6 +66,11 @@ def vocab_path(dest: Path) -> Path:
     return dest.with_name(f"{dest.stem}.vocab.txt")
 
 
+def index_path(dest: Path) -> Path:
+    """Where a sharded output's index goes: beside its shards."""
+    return dest.with_name(INDEX_NAME)
+
+
 def existing_shards(dest: Path) -> list[Path]:
     """Shard files of ``dest`` already on disk (``OUT-00000.h5``...)."""
     pattern = re.compile(rf"{re.escape(dest.stem)}-(\d{{5,}}){re.escape(dest.suffix)}")
@@ -80,6 +91,7 @@ class ConvertReport:
     stats: ChunkStats
     ignored_files: int
     removed_temps: tuple[Path, ...] = ()
+    index_file: Path | None = None
     dtypes: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -110,6 +122,8 @@ class ConvertReport:
             lines.append(f"truncated {s.truncated:,} samples to --max-length")
         if self.vocab_file is not None:
             lines.append(f"vocabulary written to {self.vocab_file}")
+        if self.index_file is not None:
+            lines.append(f"index written to {self.index_file}")
         if self.ignored_files:
             lines.append(
                 f"ignored {self.ignored_files:,} files with unknown extensions in input folders (--format reads them)"
@@ -138,6 +152,8 @@ def _check_destination(options: ConvertOptions, *, vocab: bool) -> tuple[Path, .
         if options.shard_size is not None
         else ([dest] if dest.exists() else [])
     )
+    if options.shard_size is not None and index_path(dest).exists():
+        existing.append(index_path(dest))
     if vocab and vocab_path(dest).exists():
         existing.append(vocab_path(dest))
     if existing and not options.overwrite:
@@ -330,9 +346,13 @@ def convert(options: ConvertOptions) -> ConvertReport:
         published = [(t, f) for t, f in zip(temporaries, finals, strict=True)]
         if run.vocab is not None:
             published.insert(0, (run.vocab, vocab_path(dest)))  # before the data that refers to it
-        area.commit(
-            published, obsolete=[p for p in replaced if p not in finals and p != vocab_path(dest)]
-        )
+        if options.shard_size is not None:
+            # Renamed last, so that no index ever names a shard not yet in place; built from
+            # the temporaries, so it names this run's shards only, by their final names.
+            index = index_of(area.path, "hdf5", temporaries)
+            published.append((write_index(area.path, index), index_path(dest)))
+        kept = {f for _, f in published} | {vocab_path(dest)}
+        area.commit(published, obsolete=[p for p in replaced if p not in kept])
     primary = writer.primary
     return ConvertReport(
         outputs=tuple(finals),
@@ -346,6 +366,7 @@ def convert(options: ConvertOptions) -> ConvertReport:
         ignored_files=found.ignored,
         removed_temps=removed,
         dtypes={f.name: str(writer.stored_dtype(f)) for f in writer.fields},
+        index_file=index_path(dest) if options.shard_size is not None else None,
     )
 
 

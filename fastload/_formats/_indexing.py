@@ -6,7 +6,11 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
 
 from fastload._formats._arrow import _SUFFIXES as ARROW_SUFFIXES
 from fastload._formats._arrow import ArrowDataset
@@ -14,9 +18,12 @@ from fastload._formats._base import ShardedDataset
 from fastload._formats._hdf5 import _SUFFIXES as HDF5_SUFFIXES
 from fastload._formats._hdf5 import HDF5Dataset
 from fastload._remote._index import INDEX_NAME, DatasetIndex, ShardEntry
+from fastload._types import Field
 from fastload.errors import DataFileNotFoundError
 
 _CHUNK = 8 << 20
+#: The file name endings of shards, HDF5's then Arrow's and Parquet's.
+SHARD_SUFFIXES = HDF5_SUFFIXES + ARROW_SUFFIXES
 
 
 def sha256_of(path: str | os.PathLike[str]) -> str:
@@ -35,8 +42,8 @@ def shard_files(folder: Path) -> tuple[str, list[Path]]:
     if not folder.is_dir():
         raise DataFileNotFoundError(f"{folder}: is not a directory of shards", folder)
     found = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != INDEX_NAME)
-    hdf5 = [p for p in found if p.name.endswith(HDF5_SUFFIXES)]
-    arrow = [p for p in found if p.name.endswith(ARROW_SUFFIXES)]
+    hdf5 = [p for p in found if shard_kind(p.name) == "hdf5"]
+    arrow = [p for p in found if shard_kind(p.name) == "arrow"]
     if hdf5 and arrow:
         raise DataFileNotFoundError(
             f"{folder}: holds both HDF5 ({hdf5[0].name}) and Arrow/Parquet ({arrow[0].name}) "
@@ -45,7 +52,7 @@ def shard_files(folder: Path) -> tuple[str, list[Path]]:
         )
     if not hdf5 and not arrow:
         raise DataFileNotFoundError(
-            f"{folder}: holds no shard ({', '.join(HDF5_SUFFIXES + ARROW_SUFFIXES)})", folder
+            f"{folder}: holds no shard ({', '.join(SHARD_SUFFIXES)})", folder
         )
     return ("hdf5", hdf5) if hdf5 else ("arrow", arrow)
 
@@ -55,13 +62,39 @@ def build_index(folder: str | os.PathLike[str]) -> DatasetIndex:
     reader, which validates it as a dataset created over it would."""
     root = Path(folder)
     kind, files = shard_files(root)
+    return index_of(root, kind, files)
+
+
+def index_of(root: Path, kind: str, files: Sequence[Path]) -> DatasetIndex:
+    """The index of ``files`` (``kind`` ``hdf5`` or ``arrow``, all under ``root``, in sample
+    order), with paths relative to ``root``: for a folder that holds other files too."""
     dataset: ShardedDataset = HDF5Dataset(files) if kind == "hdf5" else ArrowDataset(files, cache_dir=False)
-    sizes = [int(n) for n in (dataset._shard_starts[1:] - dataset._shard_starts[:-1])]
-    shards = tuple(
-        ShardEntry(file.relative_to(root).as_posix(), samples, file.stat().st_size, sha256_of(file))
-        for file, samples in zip(files, sizes, strict=True)
-    )
-    return DatasetIndex(kind, dataset.fields, dataset.length_field, shards, dataset.lengths)
+    try:
+        sizes = [int(n) for n in (dataset._shard_starts[1:] - dataset._shard_starts[:-1])]
+        shards = tuple(
+            ShardEntry(file.relative_to(root).as_posix(), samples, file.stat().st_size, sha256_of(file))
+            for file, samples in zip(files, sizes, strict=True)
+        )
+        return DatasetIndex(kind, dataset.fields, dataset.length_field, shards, dataset.lengths)
+    finally:
+        dataset.close()
+
+
+def shard_kind(name: str) -> str | None:
+    """``hdf5`` or ``arrow`` for a shard's file name by its suffix, else ``None``."""
+    if name.endswith(HDF5_SUFFIXES):
+        return "hdf5"
+    return "arrow" if name.endswith(ARROW_SUFFIXES) else None
+
+
+def describe_shard(path: Path, kind: str) -> tuple[dict[str, Field], str | None, npt.NDArray[np.int64]]:
+    """The fields, length field and per-sample lengths of one shard file, read by its reader
+    (which validates it), for an index built one shard at a time."""
+    dataset: ShardedDataset = HDF5Dataset([path]) if kind == "hdf5" else ArrowDataset([path], cache_dir=False)
+    try:
+        return dataset.fields, dataset.length_field, np.array(dataset.lengths, dtype=np.int64)
+    finally:
+        dataset.close()
 
 
 def write_index(folder: str | os.PathLike[str], index: DatasetIndex) -> Path:
@@ -81,4 +114,4 @@ def write_index(folder: str | os.PathLike[str], index: DatasetIndex) -> Path:
     return final
 
 
-__all__ = ["build_index", "sha256_of", "shard_files", "write_index"]
+__all__ = ["SHARD_SUFFIXES", "build_index", "describe_shard", "index_of", "sha256_of", "shard_files", "shard_kind", "write_index"]

@@ -130,3 +130,6 @@ class HttpStore:
 
     def upload(self, name: str, local_path: str) -> None:
         self.write(name, b"")
+
+    def delete(self, name: str) -> None:
+        self.write(name, b"")

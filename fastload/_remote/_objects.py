@@ -38,7 +38,8 @@ class Store(Protocol):
     process that uses it.
 
     Capability flags: ``can_list`` (False for HTTP(S), which has no listing) and ``can_write``
-    (False for HTTP(S)); the methods they guard raise :class:`StorageError` where False.
+    (False for HTTP(S); it guards ``write``, ``upload`` and ``delete``); the methods they guard
+    raise :class:`StorageError` where False.
     """
 
     url: str
@@ -70,5 +71,7 @@ class Store(Protocol):
     def write(self, name: str, data: bytes) -> None: ...
 
     def upload(self, name: str, local_path: str) -> None: ...
+
+    def delete(self, name: str) -> None: ...
 
     def stats(self) -> StoreStats: ...

@@ -57,7 +57,7 @@ def test_the_script_and_fastload_convert_write_the_same_bytes_for_any_worker_cou
         timeout=120,
     )
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == ["out-00000.h5", "out-00001.h5", "out-00002.h5"]
+    assert names == ["fastload-index.json", "out-00000.h5", "out-00001.h5", "out-00002.h5"]
     assert all(digest(tmp_path / "a" / n) == digest(tmp_path / "b" / n) for n in names)
     assert corpus.stat().st_size > 0
 

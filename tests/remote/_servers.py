@@ -141,7 +141,8 @@ class Faults:
     seed: int = 0
 
 
-_ERROR_CODES = {500: "InternalError", 503: "SlowDown", 429: "SlowDown"}
+# 403 as S3 sends it for a refused request: a permanent error, not worth retrying.
+_ERROR_CODES = {500: "InternalError", 503: "SlowDown", 429: "SlowDown", 403: "AccessDenied"}
 
 
 def _error_body(status: int) -> bytes:

@@ -157,6 +157,21 @@ def test_write_is_one_put_and_upload_round_trips(s3_server: S3Server, bucket: st
     assert store.stats().requests == len(s3_server.requests())
 
 
+def test_delete_removes_one_object_and_counts_what_pyarrow_sends(s3_server: S3Server, bucket: str) -> None:
+    s3_server.put(f"{bucket}/corpus/a.bin", b"a")
+    s3_server.put(f"{bucket}/corpus/b.bin", b"b")
+    store = open_store(f"s3://{bucket}/corpus", s3_server.options)
+    store.delete("a.bin")
+    assert [i.name for i in store.list()] == ["b.bin"]  # pyarrow's folder marker is no object
+    log = s3_server.requests()
+    assert [(r.method, r.path) for r in log[:3]] == [
+        ("HEAD", f"/{bucket}/corpus/a.bin"), ("DELETE", f"/{bucket}/corpus/a.bin"), ("PUT", f"/{bucket}/corpus/"),
+    ]  # fmt: skip
+    assert store.stats().requests == len(log)
+    with pytest.raises(StorageNotFoundError, match=rf"s3://{bucket}/corpus/a.bin"):
+        store.delete("a.bin")
+
+
 def test_aws_endpoint_url_from_the_environment_is_honoured(s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     s3_server.put(f"{bucket}/x.bin", b"abc")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
@@ -285,6 +300,8 @@ def test_http_errors_and_its_missing_capabilities(http_server: HttpServer) -> No
         store.list()
     with pytest.raises(StorageError, match="read-only"):
         store.write("x", b"")
+    with pytest.raises(StorageError, match="read-only"):
+        store.delete("x")
     assert len(http_server.requests()) == 1
 
 

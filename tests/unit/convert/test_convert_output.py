@@ -18,6 +18,8 @@ import fastload
 from fastload._convert._atomic import TempArea, remove_stale_temps, temp_folder_for
 from fastload._convert._options import Compression, ConvertOptions
 from fastload._convert._writer import smallest_int_dtype
+from fastload._formats._indexing import sha256_of
+from fastload._remote import INDEX_NAME, DatasetIndex
 from fastload.errors import UsageError
 
 LINES = [f"sample {i} " + "w" * (i % 13) for i in range(100)]
@@ -98,6 +100,35 @@ def test_overwriting_a_larger_sharded_run_removes_its_extra_shards(corpus: Path,
         "out-00001.h5",
     ]
     assert [p.name for p in report.outputs] == ["out-00000.h5", "out-00001.h5"]
+
+
+def test_a_sharded_output_gets_an_index_of_its_own_shards_and_a_single_file_none(
+    corpus: Path, run: Run
+) -> None:
+    (corpus.parent / "unrelated.h5").write_bytes(b"not this run's")
+    report = run(corpus, shard_size=30)
+    assert report.index_file == corpus.with_name(INDEX_NAME)
+    assert f"index written to {report.index_file}" in report.notes()
+    index = DatasetIndex.from_json(report.index_file.read_bytes(), "test")
+    assert [s.path for s in index.shards] == [p.name for p in report.outputs]
+    assert [s.sha256 for s in index.shards] == [sha256_of(p) for p in report.outputs]
+    assert [s.samples for s in index.shards] == [30, 30, 30, 10]
+    assert index.lengths.tolist() == [len(line.encode()) for line in LINES]
+    corpus.with_name("single").mkdir()
+    assert run(corpus, out="single/one.h5").index_file is None
+    assert sorted(p.name for p in corpus.with_name("single").iterdir()) == ["one.h5"]
+
+
+def test_an_index_beside_the_shards_needs_overwrite_and_names_the_new_ones(
+    corpus: Path, run: Run
+) -> None:
+    corpus.with_name(INDEX_NAME).write_text("another dataset's index")
+    with pytest.raises(FileExistsError, match=rf"{INDEX_NAME} exists; pass --overwrite"):
+        run(corpus, shard_size=30)
+    assert corpus.with_name(INDEX_NAME).read_text() == "another dataset's index"
+    run(corpus, shard_size=60, overwrite=True)
+    index = DatasetIndex.from_json(corpus.with_name(INDEX_NAME).read_bytes(), "test")
+    assert [s.path for s in index.shards] == ["out-00000.h5", "out-00001.h5"]
 
 
 @pytest.mark.parametrize("compression", ["lzf", "gzip:6"])

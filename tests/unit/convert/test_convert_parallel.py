@@ -74,4 +74,6 @@ def test_output_bytes_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> 
         files = sorted(folder.iterdir())
         digests[workers] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     assert digests[0] == digests[2]
-    assert sorted(digests[0]) == ["out-00000.h5", "out-00001.h5", "out-00002.h5", "out.vocab.txt"]
+    assert sorted(digests[0]) == [
+        "fastload-index.json", "out-00000.h5", "out-00001.h5", "out-00002.h5", "out.vocab.txt"
+    ]  # fmt: skip
