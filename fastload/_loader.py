@@ -484,17 +484,7 @@ def _packed_sampler(
 
     if _packs(batch_sampler) and sampler is None:
         return batch_sampler  # re-created from its own attributes (Lightning, Accelerate)
-    if sampler is not None or batch_sampler is not None:
-        raise ValueError(
-            "pack_length= builds its own batch sampler (a PackedBatchSampler); it is mutually "
-            "exclusive with sampler and batch_sampler"
-        )
-    lengths = getattr(dataset, "lengths", None)
-    if lengths is None:
-        raise ValueError(
-            "pack_length= needs the dataset's per-sample lengths (tokens) as a `lengths` array; "
-            f"{type(dataset).__name__} has no `lengths` attribute"
-        )
+    lengths = _own_sampler_lengths("pack_length=", dataset, sampler, batch_sampler)
     if max_tokens is None and batch_size is None:
         raise ValueError("pack_length= needs batch_size (rows per batch) or max_tokens")
     assert options.pack_length is not None
@@ -508,6 +498,23 @@ def _packed_sampler(
         drop_last=drop_last,
         **_shard_window(dataset, options),
     )
+
+
+def _own_sampler_lengths(option: str, dataset: Any, sampler: Any, batch_sampler: Any) -> Any:
+    """The dataset's lengths, for an option that builds its own batch sampler; raises where
+    the loader was given a sampler too, or the dataset has no lengths."""
+    if sampler is not None or batch_sampler is not None:
+        raise ValueError(
+            f"{option} builds its own batch sampler; it is mutually exclusive with sampler and "
+            "batch_sampler"
+        )
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None:
+        raise ValueError(
+            f"{option} needs the dataset's per-sample lengths as a `lengths` array; "
+            f"{type(dataset).__name__} has no `lengths` attribute"
+        )
+    return lengths
 
 
 def _shard_window(dataset: Any, options: LoaderOptions) -> dict[str, Any]:
@@ -537,17 +544,8 @@ def _length_grouped_sampler(
 
     if isinstance(batch_sampler, LengthGroupedBatchSampler) and sampler is None:
         return batch_sampler  # re-created from its own attributes (Lightning, Accelerate)
-    if sampler is not None or batch_sampler is not None:
-        raise ValueError(
-            "length_grouped=True / max_tokens= build their own batch sampler; they are mutually "
-            "exclusive with sampler and batch_sampler"
-        )
-    lengths = getattr(dataset, "lengths", None)
-    if lengths is None:
-        raise ValueError(
-            "length_grouped=True / max_tokens= need the dataset's per-sample lengths as a "
-            f"`lengths` array; {type(dataset).__name__} has no `lengths` attribute"
-        )
+    option = "length_grouped=True" if max_tokens is None else "max_tokens="
+    lengths = _own_sampler_lengths(option, dataset, sampler, batch_sampler)
     return LengthGroupedBatchSampler(
         lengths,
         batch_size=batch_size if max_tokens is None or batch_size != 1 else None,

@@ -93,3 +93,17 @@ def check_generated_names(columns: Mapping[str, Any], rules: Sequence[Any]) -> N
             f"the batch has fields named {clashes}, which PadCollate generates itself; leave "
             "them out with fields=[...] (the mask and lengths are rebuilt from the padding)"
         )
+
+
+def pad_values(pad_value: Any) -> tuple[dict[str, Scalar], Scalar]:
+    """``(per-field pad values, default)`` of a collate's ``pad_value`` option: one value for
+    every field, or a mapping from field name to value (other fields pad with 0), each
+    checked."""
+    if isinstance(pad_value, Mapping):
+        per_field = {
+            str(name): check_pad_value(f"pad_value[{name!r}]", value)
+            for name, value in pad_value.items()
+        }
+        return per_field, 0
+    return {}, check_pad_value("pad_value", pad_value)
+

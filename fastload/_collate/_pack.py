@@ -20,11 +20,11 @@ import torch
 from fastload._collate._checks import (
     Scalar,
     batch_size,
-    check_pad_value,
     check_representable,
     names,
     numpy_dtype,
     optional_positive,
+    pad_values,
 )
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pack_into
@@ -123,15 +123,7 @@ class PackCollate:
                 f"rows * seq_len = {self._rows * self._seq_len} tokens do not fit cu_seqlens' "
                 "int32; use fewer rows or a shorter seq_len"
             )
-        if isinstance(pad_value, Mapping):
-            self._pad_values = {
-                str(name): check_pad_value(f"pad_value[{name!r}]", value)
-                for name, value in pad_value.items()
-            }
-            self._pad_default: Scalar = 0
-        else:
-            self._pad_values = {}
-            self._pad_default = check_pad_value("pad_value", pad_value)
+        self._pad_values, self._pad_default = pad_values(pad_value)
         if isinstance(label_pad, bool) or not isinstance(label_pad, (int, np.integer)):
             raise TypeError(f"label_pad must be an integer (an int64 label); got {label_pad!r}")
         check_representable(LABELS, int(label_pad), _INT64)

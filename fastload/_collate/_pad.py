@@ -21,11 +21,11 @@ from fastload._collate._checks import (
     Scalar,
     batch_size,
     check_generated_names,
-    check_pad_value,
     check_representable,
     names,
     numpy_dtype,
     optional_positive,
+    pad_values,
 )
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pad_into
@@ -123,15 +123,7 @@ class PadCollate:
         primary: str | None = None,
         ragged: Collection[str] | Mapping[str, Field] | None = None,
     ) -> None:
-        if isinstance(pad_value, Mapping):
-            self._pad_values = {
-                str(name): check_pad_value(f"pad_value[{name!r}]", value)
-                for name, value in pad_value.items()
-            }
-            self._pad_default: Scalar = 0
-        else:
-            self._pad_values = {}
-            self._pad_default = check_pad_value("pad_value", pad_value)
+        self._pad_values, self._pad_default = pad_values(pad_value)
         self._multiple = optional_positive("pad_to_multiple_of", pad_to_multiple_of) or 1
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be 'right' or 'left'; got {padding_side!r}")
