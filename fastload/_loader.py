@@ -143,7 +143,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             host_tuning=host_tuning,
         )
         self._fastload_options = options
-        if multiprocessing_context is None and getattr(dataset, "remote", False):
+        if multiprocessing_context is None and num_workers != 0 and getattr(dataset, "remote", False):
             # pyarrow's S3 client cannot be made again in a forked child of a process that
             # used it: remote datasets get workers forked from a fresh fork server.
             from fastload._engine import fresh_process_context
