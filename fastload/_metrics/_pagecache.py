@@ -9,6 +9,7 @@ drops only clean pages that no process has mapped or locked; a page some process
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import sys
@@ -26,9 +27,13 @@ def can_evict() -> bool:
 def evict(paths: Iterable[str]) -> int:
     """Write dirty pages back (``os.sync()``), then ask the kernel to drop the cached pages of
     each file in ``paths``; the bytes of the files. Raises ``OSError`` for a file that cannot
-    be opened, and ``NotImplementedError`` where :func:`can_evict` is false."""
+    be opened, or (``ENOTSUP``) where :func:`can_evict` is false: the platform lacks
+    ``posix_fadvise``."""
     if not can_evict():
-        raise NotImplementedError(f"evicting files from the page cache needs posix_fadvise, which {sys.platform} lacks")
+        raise OSError(
+            errno.ENOTSUP,
+            f"evicting files from the page cache needs posix_fadvise, which {sys.platform} lacks",
+        )
     os.sync()  # DONTNEED skips dirty pages: a file written just before would stay resident
     total = 0
     for path in paths:
