@@ -6,7 +6,10 @@ The policy, evaluated once per window of ``window_s`` seconds:
 
 * start at ``min_workers``;
 * **add** a worker when the consumer's stall fraction over the window is above
-  ``stall_threshold``, fewer than ``max_workers`` run (a core is free) and ``memory_ok()``;
+  ``stall_threshold``, fewer than ``max_workers`` run (a core is free), ``memory_ok()``, and
+  the workers were busy at least :data:`ADD_BUSY` of the window (when their busy time is
+  known): a stall while the workers idle is not theirs to fix (a hiccup of the host, or the
+  delivery of batches), and another worker would only idle too;
 * **retire** a worker when the stall is at most ``stall_threshold`` and the workers are so idle
   that one fewer would still be busy less than ``1 - idle_threshold`` of the time
   (``mean_busy * n / (n - 1) < 1 - idle_threshold``; a margin, so a retirement does not bring
@@ -32,6 +35,9 @@ from typing import Literal
 from fastload._metrics._clock import Clock
 
 Decision = Literal["add", "retire", "hold"]
+
+#: The workers' mean busy fraction over a window below which a stall adds no worker.
+ADD_BUSY = 0.5
 
 
 def available_cores() -> int:
@@ -130,7 +136,7 @@ class AutoTuner:
 
     def _decide(self, stall: float, busy: float | None) -> Decision:
         if stall > self.stall_threshold:
-            if self._workers >= self.max_workers:
+            if self._workers >= self.max_workers or (busy is not None and busy < ADD_BUSY):
                 return "hold"
             if self._memory_ok is not None and not self._memory_ok():
                 return "hold"

@@ -166,3 +166,16 @@ def test_without_busy_time_workers_are_never_retired() -> None:
 def test_options_are_validated_at_construction(options: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         AutoTuner(**options)  # type: ignore[arg-type]
+
+
+def test_a_stall_while_the_workers_idle_adds_no_worker() -> None:
+    # A hiccup of the host (or slow delivery) stalls the consumer while the one worker idles:
+    # another worker would idle too. The same stall with a busy worker adds one.
+    clock = ManualClock()
+    tuner = AutoTuner(max_workers=8, clock=clock)
+    tuner.observe(wait_s=0.0, step_s=0.0, busy_s=0.0)
+    clock.advance(1.0)
+    assert tuner.observe(wait_s=0.2, step_s=0.8, busy_s=0.01) == "hold"
+    clock.advance(1.0)
+    assert tuner.observe(wait_s=0.4, step_s=1.6, busy_s=0.95) == "add"
+    assert tuner.num_workers == 2
