@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import abc
 import os
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -30,14 +28,9 @@ from fastload._formats._columns import (
     permute_column,
     split_column,
 )
-from fastload._formats._prefetch import ShardPrefetcher
-from fastload._formats._readahead import (
-    MAX_ADVISED_RANGES,
-    AdviseFiles,
-    ByteRanges,
-    coalesce_ranges,
-    earliest,
-)
+from fastload._formats._hints import advise_samples
+from fastload._formats._process import ProcessState, ShardReader
+from fastload._formats._remote_reads import RemoteShards
 from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field, Spans
@@ -47,58 +40,7 @@ from fastload.errors import DataFileNotFoundError, DataFormatError
 _PER_PROCESS = ("_process", "_lengths")
 
 
-class ShardReader(Protocol):
-    """One shard file opened in the current process.
-
-    Optional, for :meth:`ShardedDataset.willneed`: ``byte_ranges(field, rows) -> (starts,
-    lengths) | None``, the byte ranges of the file read by :meth:`ShardedDataset._read_path`
-    that hold the payload of ``rows`` of ``field`` (int64 arrays, any order), or ``None``
-    where the reader does not know them. A reader without it gets no readahead hints.
-    """
-
-    def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
-        """The samples ``rows`` (shard-local, in range, any order, duplicates allowed) of
-        ``field``, in that order."""
-        ...
-
-    def lengths(self, field: str) -> npt.NDArray[np.int64]:
-        """Per-sample lengths of the ragged ``field``, without reading its payload."""
-        ...
-
-    def close(self) -> None: ...
-
-
-#: Remote shards one process keeps open at most: the least recently read is closed first.
-MAX_OPEN_REMOTE_SHARDS = 8
-
-
-class _ProcessState:
-    """The shard readers opened by one process, opened on first use, and the cache of decoded
-    blocks they share. For a remote dataset, also where its open shards lie in the local cache,
-    in the order they were last read."""
-
-    def __init__(self, num_shards: int, cache_bytes: int) -> None:
-        self.pid = os.getpid()
-        self.readers: list[ShardReader | None] = [None] * num_shards
-        self.cache: BlockCache[Any] = BlockCache(cache_bytes)
-        self.lock = threading.Lock()
-        self.local: OrderedDict[int, str] = OrderedDict()
-        self.hints = AdviseFiles()
-
-    def close_shard(self, shard: int) -> None:
-        reader = self.readers[shard]
-        if reader is not None:
-            reader.close()
-            self.readers[shard] = None
-        self.local.pop(shard, None)
-
-    def close(self) -> None:
-        for i in range(len(self.readers)):
-            self.close_shard(i)
-        self.hints.close()
-
-
-class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
+class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
     """Base class of the readers (see :class:`fastload.HDF5Dataset` for the contract)."""
 
     #: Exceptions of the underlying library that a read may raise for a damaged file; they are
@@ -119,10 +61,9 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         self._num_samples = int(self._shard_starts[-1])
         self._length_field = length_field
         self._cache_bytes = cache_bytes
-        self._process: _ProcessState | None = None
+        self._process: ProcessState | None = None
         self._lengths: npt.NDArray[np.int64] | None = None
-        #: Where the shards of a remote dataset come from (``None``: local files).
-        self._remote: RemoteSource | None = None
+        self._remote: RemoteSource | None = None  # set by a reader given a URL
 
     # ---- what subclasses provide -------------------------------------------------------------
 
@@ -246,26 +187,10 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         return dict(self._read_across_shards(rows, shard))
 
     @property
-    def remote(self) -> bool:
-        """Whether the shards come from object storage (``s3://``, ``gs://``, ``https://``)."""
-        return self._remote is not None
-
-    @property
     def shard_sizes(self) -> list[int]:
         """Samples per shard, in the order their samples are numbered (for a shard-window
         shuffle: ``shuffle_shards=``)."""
         return np.diff(self._shard_starts).tolist()
-
-    def prefetch(
-        self, batches: Iterator[npt.NDArray[np.int64]], consumed: Callable[[], int]
-    ) -> ShardPrefetcher | None:
-        """For a remote dataset, start bringing the shards of ``batches`` (the epoch's next
-        batches, in order) to the local disk ahead of the consumer, whose progress
-        ``consumed()`` gives (see ``_prefetch.py``); ``None`` for local files. The loader calls
-        this with its sampler's plan; call ``close()`` on the result when the epoch ends."""
-        if self._remote is None:
-            return None
-        return ShardPrefetcher(self, batches, consumed)
 
     def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None:
         """For one-call builds (``fastload._protocols``): ``(field, values, offsets)`` when the
@@ -301,46 +226,7 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         opening changes no read (a memory map, never an HDF5 file), and reads only index data
         (offsets) to find the ranges. Raises ``IndexError`` for an index out of range, and
         what a read raises for a shard that cannot be opened."""
-        if self._remote is not None:
-            return 0
-        rows = normalize_indices(indices, self._num_samples)
-        if rows.size == 0:
-            return 0
-        shard = np.searchsorted(self._shard_starts, rows, side="right") - 1
-        _, groups = group_positions(shard)
-        found: list[tuple[int, ByteRanges]] = []
-        ranks: list[npt.NDArray[np.int64]] = []
-        for group in groups:
-            s = int(shard[group[0]])
-            reader = self._reader_for_hints(s)
-            byte_ranges = getattr(reader, "byte_ranges", None)
-            if byte_ranges is None:
-                continue
-            local = rows[group] - self._shard_starts[s]
-            parts = [(byte_ranges(name, local), group) for name in self._fields]
-            known = [(r, g) for r, g in parts if r is not None]
-            if not known:
-                continue
-            starts, lengths, rank = coalesce_ranges(
-                np.concatenate([r[0] for r, _ in known]),
-                np.concatenate([r[1] for r, _ in known]),
-                np.concatenate([g.astype(np.int64) for _, g in known]),
-            )
-            found.append((s, (starts, lengths)))
-            ranks.append(rank)
-        if not found:
-            return 0
-        total = sum(len(r) for r in ranks)
-        if total > MAX_ADVISED_RANGES:
-            kept = np.zeros(total, bool)
-            kept[earliest(np.concatenate(ranks), MAX_ADVISED_RANGES)] = True
-            cuts = np.cumsum([len(r) for r in ranks])[:-1]
-            found = [
-                (s, (starts[keep], lengths[keep]))
-                for (s, (starts, lengths)), keep in zip(found, np.split(kept, cuts), strict=True)
-            ]
-        hints = self._process_state().hints
-        return sum(hints.advise(self._read_path(s), starts, lengths) for s, (starts, lengths) in found)
+        return advise_samples(self, indices)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index`` as ``{field: value}``: an array per ragged field, an array or numpy
@@ -388,7 +274,7 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
             return self._files[0]
         return f"{len(self._files)} shards {self._files[0]} .. {self._files[-1]}"
 
-    def _process_state(self) -> _ProcessState:
+    def _process_state(self) -> ProcessState:
         process = self._process
         if process is None or process.pid != os.getpid():
             if process is not None:
@@ -396,7 +282,7 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
                 # would serve the child's own open of the same file from that shared state);
                 # closing them here releases only the child's copies.
                 process.close()
-            process = self._process = _ProcessState(len(self._files), self._cache_bytes)
+            process = self._process = ProcessState(len(self._files), self._cache_bytes)
         return process
 
     def _read_path(self, shard: int) -> str:
@@ -426,47 +312,6 @@ class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
         if self._remote is not None and shard in process.local:
             process.local.move_to_end(shard, last=True)
         return reader
-
-    def _make_room_to_open(self, process: _ProcessState) -> None:
-        """Close the least recently read remote shards past :data:`MAX_OPEN_REMOTE_SHARDS`."""
-        while len(process.local) >= MAX_OPEN_REMOTE_SHARDS:
-            process.close_shard(next(iter(process.local)))
-
-    def _remote_local_path(self, shard: int) -> str:
-        """A remote shard on the local disk (called by a subclass's ``_open_shard``, under the
-        process lock)."""
-        assert self._remote is not None and self._process is not None
-        path = str(self._remote.local_path(shard))
-        self._process.local[shard] = path
-        return path
-
-    def _read_remote(self, shard: int, read: Callable[[ShardReader], Column]) -> Column:
-        """``read`` of a remote shard, pinned in the cache while it runs, so that eviction
-        passes it by. A shard evicted since this process opened it is opened again (fetched
-        again); and the other shards this process has open that were evicted are closed, so
-        that their disk space is freed (an unlinked file's blocks stay while it is mapped)."""
-        assert self._remote is not None
-        for attempt in range(3):
-            try:
-                with self._remote.pin(shard):
-                    column = read(self._shard(shard))
-                break
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                self._close_remote(shard)  # evicted: open (and fetch) it again
-        process = self._process
-        assert process is not None
-        for other, path in list(process.local.items()):
-            if other != shard and not os.path.exists(path):
-                self._close_remote(other)
-        return column
-
-    def _close_remote(self, shard: int) -> None:
-        process = self._process
-        if process is not None:
-            with process.lock:
-                process.close_shard(shard)
 
     def _read(
         self,

@@ -1,0 +1,67 @@
+"""What one process of a sharded reader holds: the shard files it has opened (each a
+:class:`ShardReader`), the cache of decoded blocks they share, and its readahead descriptors.
+Never pickled nor shared across a fork (``ShardedDataset`` makes a new one in each process)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from fastload._formats._cache import BlockCache
+from fastload._formats._readahead import AdviseFiles
+from fastload._types import Column
+
+
+class ShardReader(Protocol):
+    """One shard file opened in the current process.
+
+    Optional, for :meth:`ShardedDataset.willneed`: ``byte_ranges(field, rows) -> (starts,
+    lengths) | None``, the byte ranges of the file read by :meth:`ShardedDataset._read_path`
+    that hold the payload of ``rows`` of ``field`` (int64 arrays, any order), or ``None``
+    where the reader does not know them. A reader without it gets no readahead hints.
+    """
+
+    def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+        """The samples ``rows`` (shard-local, in range, any order, duplicates allowed) of
+        ``field``, in that order."""
+        ...
+
+    def lengths(self, field: str) -> npt.NDArray[np.int64]:
+        """Per-sample lengths of the ragged ``field``, without reading its payload."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ProcessState:
+    """The shard readers opened by one process, opened on first use, and the cache of decoded
+    blocks they share. For a remote dataset, also where its open shards lie in the local cache,
+    in the order they were last read."""
+
+    def __init__(self, num_shards: int, cache_bytes: int) -> None:
+        self.pid = os.getpid()
+        self.readers: list[ShardReader | None] = [None] * num_shards
+        self.cache: BlockCache[Any] = BlockCache(cache_bytes)
+        self.lock = threading.Lock()
+        self.local: OrderedDict[int, str] = OrderedDict()
+        self.hints = AdviseFiles()
+
+    def close_shard(self, shard: int) -> None:
+        reader = self.readers[shard]
+        if reader is not None:
+            reader.close()
+            self.readers[shard] = None
+        self.local.pop(shard, None)
+
+    def close(self) -> None:
+        for i in range(len(self.readers)):
+            self.close_shard(i)
+        self.hints.close()
+
+
+__all__ = ["ProcessState", "ShardReader"]
