@@ -40,6 +40,7 @@ from fastload._engine import (
 )
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
 from fastload._options import LoaderOptions
+from fastload._shard_traffic import ShardTraffic
 from fastload._types import Counts
 
 _log = logging.getLogger("fastload")
@@ -85,14 +86,16 @@ class _BaseIterator(abc.ABC):
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         # torch's order of effects: the sampler's iterator, then the base seed.
         self._sampler_iter: Any = iter(self._index_sampler)
-        self._shard_prefetch: Any = None
+        self._meter: StallMeter = loader.meter
+        self._shards = ShardTraffic(
+            self._dataset, self._meter, concurrency=self._options.download_concurrency
+        )
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
         self._num_yielded = 0
         self._owner_pid = os.getpid()
         self._start_shard_prefetch()
-        self._meter: StallMeter = loader.meter
         self._logged_at = time.monotonic()
         self._epoch_ended = False
         self._epoch_done = loader._on_epoch_end
@@ -189,16 +192,18 @@ class _BaseIterator(abc.ABC):
     def _start_shard_prefetch(self) -> None:
         """For a remote dataset and a sampler that knows its plan: start bringing the epoch's
         shards to the local disk ahead of the workers (``_formats/_prefetch.py``)."""
-        self._stop_shard_prefetch()
-        prefetch = getattr(self._dataset, "prefetch", None)
-        upcoming = getattr(self._index_sampler, "upcoming", None)
-        if prefetch is not None and upcoming is not None:
-            self._shard_prefetch = prefetch(upcoming(), lambda: self._num_yielded)
+        if self._shards.remote and os.getpid() == self._owner_pid:
+            upcoming = getattr(self._index_sampler, "upcoming", None)
+            self._shards.start(upcoming() if upcoming else None, lambda: self._num_yielded)
 
     def _stop_shard_prefetch(self) -> None:
-        prefetcher, self._shard_prefetch = self._shard_prefetch, None
-        if prefetcher is not None and os.getpid() == self._owner_pid:
-            prefetcher.close()
+        if self._shards.remote and os.getpid() == self._owner_pid:
+            self._feed_storage()
+            self._shards.stop()
+
+    def _feed_storage(self) -> None:
+        """Count what reads of a remote dataset cost since the last call (see ``stats``)."""
+        self._shards.feed()
 
     def _end_epoch(self) -> None:
         self._stop_shard_prefetch()
@@ -216,6 +221,8 @@ class _BaseIterator(abc.ABC):
         wait and step, stall fraction, throughput, padding, and the engine's queue, slots,
         per-worker busy fractions, respawns and retries (as they were at shutdown, once the
         workers are gone)."""
+        if self._shards.remote:
+            self._feed_storage()
         fields = self._engine_fields()
         skipped = getattr(self._index_sampler, "skipped", None)
         if isinstance(skipped, int):
@@ -365,6 +372,13 @@ class WorkerIterator(_BaseIterator):
     def _engine_fields(self) -> dict[str, Any]:
         return self._runner.fields() if self._runner is not None else dict(self._last_fields)
 
+    def _feed_storage(self) -> None:
+        runner = self._runner
+        if runner is None:
+            self._shards.feed()
+        else:
+            self._shards.feed(runner.storage, runner.busy_s)
+
     def _end_epoch(self) -> None:
         super()._end_epoch()
         if self._device is not None and not self._persistent:
@@ -392,6 +406,8 @@ class WorkerIterator(_BaseIterator):
         if self._on_device is not None:
             self._on_device.close()  # copies still reading a slot finish before the slots go
         runner.close(join_s)
+        if self._shards.remote:
+            self._shards.feed(runner.storage, runner.busy_s)
         self._last_fields = runner.fields()
         self._report_final(dict(self._last_fields), self._num_workers)
 

@@ -66,6 +66,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       groups or packs samples within those K only, so a remote dataset needs about K shards in
       its cache at once instead of every shard all epoch (``K`` ≥ the number of shards: the
       global plan). The shards are the dataset's ``shard_sizes``.
+    * ``download_concurrency`` (a remote dataset): shard downloads run at once ahead of the
+      reads, in the order the plan reads them (default 4). ``stats()`` says when the reads
+      wait on downloads (``storage_wait_share``) and the diagnosis suggests raising it.
     * ``seed``: the seed of the length-grouped or packed plan (default 0); each ``iter()``
       starts the next epoch, or the one set with :meth:`set_epoch`.
     * ``device="cuda"``: batches arrive on the GPU, each copied on a side stream while the
@@ -122,6 +125,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         max_tokens: int | None = None,
         pack_length: int | None = None,
         shuffle_shards: int | None = None,
+        download_concurrency: int | None = None,
         seed: int = 0,
         device: str | torch.device | None = None,
         max_shared_bytes: int | None = None,
@@ -135,6 +139,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             max_tokens=max_tokens,
             pack_length=pack_length,
             shuffle_shards=shuffle_shards,
+            download_concurrency=download_concurrency,
             seed=seed,
             device=device,
             max_shared_bytes=max_shared_bytes,
@@ -236,6 +241,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     @property
     def shuffle_shards(self) -> int | None:
         return self._fastload_options.shuffle_shards
+
+    @property
+    def download_concurrency(self) -> int | None:
+        return self._fastload_options.download_concurrency
 
     @property
     def seed(self) -> int:

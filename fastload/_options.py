@@ -21,6 +21,7 @@ class LoaderOptions:
     max_tokens: int | None = None
     pack_length: int | None = None
     shuffle_shards: int | None = None
+    download_concurrency: int | None = None  # None: _shard_traffic.DOWNLOAD_CONCURRENCY
     seed: int = 0
     device: torch.device | None = None  # the CUDA device batches are copied to; None: the host
     requested_device: str | torch.device | None = None  # as the user gave it
@@ -40,6 +41,7 @@ class LoaderOptions:
         pack_length: Any,
         shuffle_shards: Any,
         seed: Any,
+        download_concurrency: Any = None,
         device: Any,
         max_shared_bytes: Any,
         log_every_s: Any,
@@ -69,6 +71,9 @@ class LoaderOptions:
             max_tokens=_positive_int("max_tokens", max_tokens, optional=True),
             pack_length=packed,
             shuffle_shards=_positive_int("shuffle_shards", shuffle_shards, optional=True),
+            download_concurrency=_positive_int(
+                "download_concurrency", download_concurrency, optional=True
+            ),
             seed=_seed(seed),
             device=_device(device),
             requested_device=device,

@@ -70,6 +70,33 @@ class Counts(NamedTuple):
     padded_tokens: int | None = None
 
 
+class StorageCounts(NamedTuple):
+    """What reads of a remote dataset cost in one process (cumulative), or in one batch (a
+    difference of two): seconds blocked waiting for a shard to reach the local cache (its
+    download, or another process's download of it), bytes this process downloaded, and reads
+    whose shard was in the cache (hits) or was not (misses)."""
+
+    waited_s: float = 0.0
+    downloaded_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+
+    def __add__(self, other: object) -> StorageCounts:
+        if not isinstance(other, StorageCounts):
+            return NotImplemented
+        return StorageCounts(
+            self.waited_s + other.waited_s,
+            self.downloaded_bytes + other.downloaded_bytes,
+            self.hits + other.hits,
+            self.misses + other.misses,
+        )
+
+    def __sub__(self, other: StorageCounts) -> StorageCounts:
+        return self + StorageCounts(
+            -other.waited_s, -other.downloaded_bytes, -other.hits, -other.misses
+        )
+
+
 #: First element of a packed batch's int64 encoding: a negative number, never a sample index, so
 #: that a reader handed the encoding by mistake fails instead of reading the wrong samples.
 PACK_MAGIC = -0x5041434B

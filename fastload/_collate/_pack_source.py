@@ -108,11 +108,16 @@ class PackedSource:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def prefetch(self, batches: Any, consumed: Any) -> Any:
+    def prefetch(self, batches: Any, consumed: Any, **options: Any) -> Any:
         """The dataset's prefetch of the samples of ``batches`` (see the readers'), if it has
         one; ``None`` otherwise."""
         start = getattr(self.dataset, "prefetch", None)
-        return start(batches, consumed) if start is not None else None
+        return start(batches, consumed, **options) if start is not None else None
+
+    def storage_counts(self) -> Any:
+        """The dataset's ``storage_counts()`` (a remote reader's), ``None`` where it has none."""
+        counts = getattr(self.dataset, "storage_counts", None)
+        return counts() if counts is not None else None
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[index]

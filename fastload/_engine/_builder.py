@@ -27,6 +27,9 @@ from fastload._engine._transport import is_pickle
 from fastload._protocols import Built, OneCallBuilder, TooLarge
 from fastload._types import Counts, Spans
 
+#: The reply header's StorageCounts for a local dataset (``_slots.REPLY``).
+_NO_STORAGE = (math.nan, 0, 0, 0)
+
 
 def batch_reader(dataset: Any, collate: Any) -> Any:
     """How the builder reads a batch: in place where the dataset can and the collate takes
@@ -72,7 +75,7 @@ class SlotBuilder:
     @staticmethod
     def result_bytes(reply: Reply) -> bytes:
         """The worker's reply as bytes."""
-        epoch, seq, kind, payload, busy_s, read_s = reply
+        epoch, seq, kind, payload, busy_s, read_s, storage = reply
         if kind != OK or not isinstance(payload, SlotBatch):
             return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
         rows, real, padded = payload.counts or (UNKNOWN, None, None)
@@ -80,6 +83,7 @@ class SlotBuilder:
             b"R", epoch, seq, payload.nbytes, rows,
             UNKNOWN if real is None else real, UNKNOWN if padded is None else padded,
             busy_s, math.nan if read_s is None else read_s,
+            *(_NO_STORAGE if storage is None else storage),
         )  # fmt: skip
         return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
 

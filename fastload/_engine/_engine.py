@@ -35,6 +35,7 @@ from fastload._engine._pools import Pool, PoolFactory, WorkerDied
 from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 from fastload._engine._slots import RESEND
 from fastload._engine._worker import WorkerSpec
+from fastload._types import StorageCounts
 from fastload.errors import WorkerCrashedError
 
 MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
@@ -79,6 +80,7 @@ class Engine:
         self.busy_s = [0.0] * num_workers  # per worker: seconds spent building batches
         self.read_s = [0.0] * num_workers  # of those, seconds in read_batch (fast path only)
         self.busy_total_s = 0.0  # all workers' busy seconds, retired ones included
+        self.storage: StorageCounts | None = None  # the workers' reads of remote storage
         self.retries = 0  # tasks re-dispatched after their worker died
         self.main_batches = 0  # batches the main process built itself (help)
         self._closed = False
@@ -239,11 +241,13 @@ class Engine:
         return self._pool.generation, fds
 
     def _on_result(self, wid: int, msg: Reply, refill: Callable[[], None]) -> None:
-        epoch, seq, kind, payload, busy_s, read_s = msg
+        epoch, seq, kind, payload, busy_s, read_s, storage = msg
         self.busy_total_s += busy_s
         self.busy_s[wid] += busy_s
         if read_s is not None:
             self.read_s[wid] += read_s
+        if storage is not None:
+            self.storage = storage if self.storage is None else self.storage + storage
         if epoch != self.epoch:
             stale = self._stale.pop((epoch, seq), None)
             if stale is not None:

@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fastload._types import Counts
+from fastload._types import Counts, StorageCounts
 
 
 class Kind(enum.IntEnum):
@@ -41,7 +41,8 @@ class Reply(NamedTuple):
     """A worker's answer to one task: ``payload`` is the batch for ``OK``, a
     :class:`WorkerFailure` for ``FAILED``, ``None`` for ``EXHAUSTED``; ``busy_s`` the seconds it
     spent building, ``read_s`` those of them in reads (``None`` where the builder cannot
-    tell)."""
+    tell); ``storage`` what the build's reads of remote storage cost (``None``: a local
+    dataset)."""
 
     epoch: int
     seq: int
@@ -49,6 +50,7 @@ class Reply(NamedTuple):
     payload: Any
     busy_s: float
     read_s: float | None
+    storage: StorageCounts | None = None
 
 
 class Delivery(NamedTuple):

@@ -35,6 +35,7 @@ from fastload._engine._generic_runner import GenericRunner
 from fastload._engine._host import HostPolicy
 from fastload._engine._messages import Delivery
 from fastload._engine._slot_runner import SlotRunner
+from fastload._types import StorageCounts
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,11 @@ class Runner(Protocol):
     @property
     def busy_s(self) -> float:
         """Seconds the workers have spent building batches, retired workers included."""
+        ...
+
+    @property
+    def storage(self) -> StorageCounts | None:
+        """What the workers' reads of remote storage cost so far (``None``: none reported)."""
         ...
 
     def get(self) -> Delivery: ...

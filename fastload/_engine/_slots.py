@@ -33,14 +33,14 @@ from fastload._engine._arena import SlotArena, SlotRef
 from fastload._engine._messages import OK, Reply
 from fastload._engine._sizing import BatchBytes, SlotSizing
 from fastload._protocols import TooLarge
-from fastload._types import Counts
+from fastload._types import Counts, StorageCounts
 
 # b"T", epoch, seq, the SlotRef's six fields, the ticket (see _claims.py), the arena's live_from,
 # then the int64 indices.
 TASK = struct.Struct("<cqqqqqqq?qq")
 # b"R", epoch, seq, nbytes, rows, real tokens, padded tokens (-1: unknown), busy_s, read_s
-# (NaN: unknown), then the pickled (arrays, objects).
-REPLY = struct.Struct("<cqqqqqqdd")
+# (NaN: unknown), the StorageCounts (waited_s NaN: none), then the pickled (arrays, objects).
+REPLY = struct.Struct("<cqqqqqqdddqqq")
 UNKNOWN = -1
 _PICKLE = b"\x80"  # what a pickle starts with (see _transport.is_pickle)
 
@@ -119,13 +119,14 @@ def decode_reply(data: bytes) -> Reply:
     if data[:1] == _PICKLE:  # is_pickle(), without the call: this runs once per batch
         reply: Reply = pickle.loads(data)
         return reply
-    _, epoch, seq, nbytes, rows, real, padded, busy_s, read_s = REPLY.unpack_from(data)
+    _, epoch, seq, nbytes, rows, real, padded, busy_s, read_s, *storage = REPLY.unpack_from(data)
     arrays, objects = pickle.loads(memoryview(data)[REPLY.size :])
     counts = None
     if rows != UNKNOWN:
         counts = Counts(rows, None if real == UNKNOWN else real, None if padded == UNKNOWN else padded)
     batch = SlotBatch(arrays, objects, nbytes, counts)
-    return Reply(epoch, seq, OK, batch, busy_s, None if math.isnan(read_s) else read_s)
+    read = None if math.isnan(read_s) else read_s
+    return Reply(epoch, seq, OK, batch, busy_s, read, None if math.isnan(storage[0]) else StorageCounts(*storage))
 
 
 class SlotCodec:

@@ -17,6 +17,7 @@ from fastload._engine._cores import ConsumerCore
 from fastload._engine._engine import Engine
 from fastload._engine._host import HostPolicy
 from fastload._engine._worker import WorkerSpec
+from fastload._types import StorageCounts
 
 if TYPE_CHECKING:
     from fastload._engine._runner import RunnerOptions
@@ -111,3 +112,8 @@ class RunnerBase:
     @property
     def busy_s(self) -> float:
         return self._engine.busy_total_s
+
+    @property
+    def storage(self) -> StorageCounts | None:
+        """What the workers' reads of remote storage cost so far (``None``: none reported)."""
+        return self._engine.storage

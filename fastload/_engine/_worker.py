@@ -111,6 +111,9 @@ def worker_main(
         init_failure = _failure(exc, spec, index=None)
 
     exhausted = False
+    storage_counts = getattr(spec.dataset, "storage_counts", None)  # (fastload._protocols)
+    if storage_counts is not None and storage_counts() is None:
+        storage_counts = None  # a local dataset
     # The fast path's builder reads and writes its per-batch messages in a binary form of its
     # own; everything else is pickled (results with the pickler that moves arrays through
     # shared memory).
@@ -144,9 +147,11 @@ def worker_main(
                     continue  # the main process built it while waiting (see _claims.py)
                 progress[spec.worker_id] = seq
                 started = time.perf_counter()
+                before = storage_counts() if storage_counts is not None else None
                 kind, payload = _build(spec, fetcher, index)
                 busy_s = time.perf_counter() - started
-                reply = Reply(task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None))
+                storage = None if before is None or storage_counts is None else storage_counts() - before
+                reply = Reply(task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None), storage)
                 exhausted = kind == EXHAUSTED
             try:
                 data = encode(reply)

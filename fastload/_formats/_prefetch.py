@@ -217,7 +217,7 @@ class ShardPrefetcher:
         started = time.perf_counter()
         try:
             before = self._source.cached(shard)
-            self._source.local_path(shard)
+            self._source.local_path(shard, counted=False)
             if not before:
                 self.stats.downloaded += 1
                 self.stats.downloaded_bytes += self._source.index.shards[shard].bytes

@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from fastload._formats._prefetch import ShardPrefetcher
 from fastload._formats._remote_source import RemoteSource
-from fastload._types import Column
+from fastload._types import Column, StorageCounts
 
 #: Remote shards one process keeps open at most: the least recently read is closed first.
 MAX_OPEN_REMOTE_SHARDS = 8
@@ -39,16 +39,27 @@ class RemoteShards:
         """Whether the shards come from object storage (``s3://``, ``gs://``, ``https://``)."""
         return self._remote is not None
 
+    def storage_counts(self) -> StorageCounts | None:
+        """For a remote dataset, what this process's reads of its shards cost so far (time
+        blocked on downloads, bytes downloaded, cache hits and misses); ``None`` for local
+        files. The engine reports it per batch (``fastload._protocols``)."""
+        return None if self._remote is None else self._remote.storage_counts()
+
     def prefetch(
-        self, batches: Iterator[npt.NDArray[np.int64]], consumed: Callable[[], int]
+        self,
+        batches: Iterator[npt.NDArray[np.int64]],
+        consumed: Callable[[], int],
+        *,
+        concurrency: int = 4,
     ) -> ShardPrefetcher | None:
         """For a remote dataset, start bringing the shards of ``batches`` (the epoch's next
         batches, in order) to the local disk ahead of the consumer, whose progress
         ``consumed()`` gives (see ``_prefetch.py``); ``None`` for local files. The loader calls
-        this with its sampler's plan; call ``close()`` on the result when the epoch ends."""
+        this with its sampler's plan; call ``close()`` on the result when the epoch ends.
+        ``concurrency`` downloads run at once."""
         if self._remote is None:
             return None
-        return ShardPrefetcher(self, batches, consumed)
+        return ShardPrefetcher(self, batches, consumed, concurrency=concurrency)
 
     def _make_room_to_open(self, process: Any) -> None:
         """Close the least recently read remote shards past :data:`MAX_OPEN_REMOTE_SHARDS`."""
@@ -59,7 +70,7 @@ class RemoteShards:
         """A remote shard on the local disk (called by a subclass's ``_open_shard``, under the
         process lock)."""
         assert self._remote is not None and self._process is not None
-        path = str(self._remote.local_path(shard))
+        path = str(self._remote.local_path(shard, counted=False))  # the pin counted it
         self._process.local[shard] = path
         return path
 

@@ -25,7 +25,7 @@ from fastload._remote._cache import ShardCache, parse_size
 from fastload._remote._store import Store, open_store
 from fastload._storage import cache_root
 from fastload._storage._lock import lock
-from fastload._types import Field
+from fastload._types import Field, StorageCounts
 from fastload.errors import (
     DataFileNotFoundError,
     DataFormatError,
@@ -71,7 +71,8 @@ class RemoteSource:
         self._store: Store | None = None
         self._cache: ShardCache | None = None
         self._pid = os.getpid()
-        self.waited_s = 0.0  # this process's time blocked on a shard it needed (for stats)
+        self._counts = StorageCounts()  # this process's reads (see storage_counts)
+        self._counting = threading.Lock()
         index = self._load_index()
         if pattern is not None:
             names = [s.path for s in index.shards if fnmatch.fnmatchcase(s.path, pattern)]
@@ -100,12 +101,24 @@ class RemoteSource:
 
     def _own_process(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's clients and counters are not ours
-            self._pid, self._store, self._cache, self.waited_s = os.getpid(), None, None, 0.0
+            self._pid, self._store, self._cache = os.getpid(), None, None
+            self._counts, self._counting = StorageCounts(), threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_store"] = state["_cache"] = None
+        state["_store"] = state["_cache"] = state["_counting"] = None
+        state["_counts"] = StorageCounts()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._counting = threading.Lock()
+
+    def storage_counts(self) -> StorageCounts:
+        """What this process's reads of the shards cost so far (the prefetcher's downloads are
+        its own: it counts them in :class:`~fastload._formats._prefetch.PrefetchStats`)."""
+        self._own_process()
+        return self._counts
 
     # -- shards --------------------------------------------------------------------------------
 
@@ -120,21 +133,34 @@ class RemoteSource:
     def cached(self, shard: int) -> bool:
         return self.cache().contains(self.key(shard))
 
-    def local_path(self, shard: int) -> Path:
+    def local_path(self, shard: int, *, counted: bool = True) -> Path:
         """Shard ``shard`` on the local disk, complete and verified: from the cache, else
-        downloaded now (once per node: another process downloading it is waited for)."""
+        downloaded now (once per node: another process downloading it is waited for).
+        ``counted``: add the call to :meth:`storage_counts` (a read's lookup, not a
+        prefetcher's)."""
         entry = self.index.shards[shard]
+        key, cache = self.key(shard), self.cache()
+        hit = counted and cache.contains(key)
         started = time.perf_counter()
+        fetched = [0]
         try:
-            return self.cache().get(
-                self.key(shard),
+            return cache.get(
+                key,
                 size=entry.bytes,
                 checksum=entry.sha256,
-                fetch=self._fetcher(entry),
+                fetch=self._fetcher(entry, fetched),
                 source=self.urls[shard],
             )
         finally:
-            self.waited_s += time.perf_counter() - started
+            if hit and not fetched[0]:
+                self._count(StorageCounts(hits=1))
+            elif counted:
+                self._count(StorageCounts(time.perf_counter() - started, fetched[0], 0, 1))
+
+    def _count(self, counts: StorageCounts) -> None:
+        self._own_process()
+        with self._counting:
+            self._counts = self._counts + counts
 
     def pin(self, shard: int) -> AbstractContextManager[Any]:
         """Shard ``shard`` in the cache (fetched if it is not), held there while the ``with``
@@ -143,10 +169,13 @@ class RemoteSource:
         self.local_path(shard)
         return self.cache().pin(self.key(shard))
 
-    def _fetcher(self, entry: ShardEntry) -> Any:
+    def _fetcher(self, entry: ShardEntry, fetched: list[int]) -> Any:
+        """The download of ``entry`` into a descriptor from byte ``start`` on; adds the bytes
+        it asked for to ``fetched[0]``."""
         store = self.store()
 
         def fetch(fd: int, start: int) -> None:
+            fetched[0] += entry.bytes - start
             store.download(entry.path, fd, size=entry.bytes, start=start)
 
         return fetch

@@ -35,6 +35,7 @@ from typing import Any
 from fastload._metrics._clock import Clock
 from fastload._metrics._histogram import LogHistogram
 from fastload._metrics._stats import LoaderStats
+from fastload._types import StorageCounts
 
 #: Fields of :class:`LoaderStats` that the meter cannot measure and ``snapshot`` accepts from
 #: the engine (``epoch`` too, to label the snapshot with the loader's own epoch number).
@@ -77,6 +78,11 @@ class _Totals:
     tokens_known: bool = True  # False once any batch came without token counts
     first_batch_s: float | None = None
     waits: LogHistogram = field(default_factory=LogHistogram)
+    # Reads of a remote dataset (None: local): by the workers and the main process, and what
+    # the shard prefetcher downloaded; storage_busy_s is the workers' busy time they fall in.
+    storage: StorageCounts | None = None
+    prefetched_bytes: int = 0
+    storage_busy_s: float = 0.0
 
     def absorb(self, other: _Totals) -> None:
         """Add ``other`` (a later scope: an epoch that ended) to these totals."""
@@ -86,6 +92,10 @@ class _Totals:
         ):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.tokens_known = self.tokens_known and other.tokens_known
+        if other.storage is not None:
+            self.storage = other.storage if self.storage is None else self.storage + other.storage
+        self.prefetched_bytes += other.prefetched_bytes
+        self.storage_busy_s += other.storage_busy_s
         if self.first_batch_s is None:
             self.first_batch_s = other.first_batch_s
         self.waits.absorb(other.waits)
@@ -291,6 +301,16 @@ class StallMeter:
         self._step_started = now
         self._stepping = _Batch(samples, padded_tokens)
 
+    def add_storage(self, reads: StorageCounts, *, prefetched_bytes: int, busy_s: float) -> None:
+        """Count, in the current epoch, what reads of a remote dataset cost since the last call
+        (``reads``: the workers' and the main process's), the bytes the shard prefetcher
+        downloaded meanwhile and the workers' busy seconds meanwhile (0 without workers: the
+        reads then ran inside ``next()``, in the wait)."""
+        current = self._current
+        current.storage = reads if current.storage is None else current.storage + reads
+        current.prefetched_bytes += prefetched_bytes
+        current.storage_busy_s += busy_s
+
     def end_epoch(self) -> LoaderStats:
         """Close the epoch (an open wait is dropped, an open step not counted) and return its
         summary (consumer-side fields only). The next batch starts a new epoch."""
@@ -354,7 +374,27 @@ class StallMeter:
             ),
             "padding_efficiency": totals.real_tokens / totals.padded_tokens if tokens else None,
         }
+        fields.update(_storage_fields(totals))
         fields.update(engine_fields)
         if "worker_busy" in fields:
             fields["worker_busy"] = tuple(float(b) for b in fields["worker_busy"])
         return LoaderStats(**fields)
+
+
+def _storage_fields(totals: _Totals) -> dict[str, Any]:
+    """The storage fields of :class:`LoaderStats` (none for a local dataset)."""
+    reads = totals.storage
+    if reads is None:
+        return {}
+    downloaded = reads.downloaded_bytes + totals.prefetched_bytes
+    elapsed = totals.wait_s + totals.step_s + (totals.first_batch_s or 0.0)
+    # Workers' reads fall in their busy time; without workers, reads run inside next().
+    reading = totals.storage_busy_s or totals.wait_s + (totals.first_batch_s or 0.0)
+    return {
+        "downloaded_bytes": downloaded,
+        "download_mb_per_s": downloaded / elapsed / 1e6 if elapsed > 0 else None,
+        "cache_hits": reads.hits,
+        "cache_misses": reads.misses,
+        "storage_wait_s": reads.waited_s,
+        "storage_wait_share": min(1.0, reads.waited_s / reading) if reading > 0 else None,
+    }

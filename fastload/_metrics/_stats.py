@@ -64,6 +64,17 @@ class LoaderStats:
       before a ``next()`` and the batch it returned being on the device, measured with CUDA
       events (host-side waiting overstates the stall while kernels are still queued).
 
+    Remote datasets (``s3://``, ``gs://``, ``https://``; all ``None`` for local files):
+
+    * ``downloaded_bytes``: shard bytes downloaded, by the prefetcher and by reads that could
+      not wait for it; ``download_mb_per_s`` those per second of the scope (its steps, waits
+      and first batch).
+    * ``cache_hits``, ``cache_misses``: reads of a shard (one per field and shard a batch
+      touches) that found it in the local cache, or had to wait for its download.
+    * ``storage_wait_s``: the seconds those reads waited (workers' and the main process's);
+      ``storage_wait_share`` that as a share of the workers' busy time (without workers, of
+      the consumer's wait, where the reads run).
+
     ``diagnosis``: :func:`diagnose` of the rest, one actionable line.
     """
 
@@ -92,6 +103,12 @@ class LoaderStats:
     main_batches: int = 0
     skipped_samples: int = 0
     gpu_idle_s: float | None = None
+    downloaded_bytes: int | None = None
+    download_mb_per_s: float | None = None
+    cache_hits: int | None = None
+    cache_misses: int | None = None
+    storage_wait_s: float | None = None
+    storage_wait_share: float | None = None
     diagnosis: str = ""
 
     @property
@@ -126,6 +143,11 @@ class LoaderStats:
             parts.append(f"packing efficiency {self.packing_efficiency * 100:.1f} %")
         if self.gpu_idle_s is not None:
             parts.append(f"GPU idle {self.gpu_idle_s:.3f} s")
+        if self.downloaded_bytes is not None:
+            parts.append(
+                f"downloaded {self.downloaded_bytes / 1e6:,.1f} MB, cache hits "
+                f"{self.cache_hits:,} misses {self.cache_misses:,}"
+            )
         busy = self.mean_worker_busy
         workers = f"{self.num_workers} workers"
         parts.append(workers if busy is None else f"{workers} busy {busy * 100:.0f} %")
@@ -149,6 +171,9 @@ def diagnose(stats: LoaderStats) -> str:
       - workers mostly idle while the consumer waits (a worker's busy time includes its reads,
         so this is not storage): **delivery-bound** — the main process receiving batches is
         the bottleneck;
+      - reads of a remote dataset waiting on downloads for at least :data:`READ_BOUND_SHARE`
+        of their time: **storage-bound**, with what to change (download concurrency, the
+        cache, the shards);
       - ``num_workers == 0``: loader-bound, loading runs in the training process;
       - worker time unknown: loader-bound, judged from the stall alone.
     """
@@ -160,6 +185,9 @@ def diagnose(stats: LoaderStats) -> str:
     stall = f"{stats.stall_fraction * 100:.0f} %"
     if stats.stall_fraction < STALL_OK:
         return "consumer-bound: the step is the bottleneck, the loader is fine"
+    share = stats.storage_wait_share
+    if share is not None and share >= READ_BOUND_SHARE:
+        return _storage_bound(stats, share, stall)
     if stats.num_workers == 0:
         return (
             f"loader-bound: loading runs in the training process (num_workers=0) and the step "
@@ -181,4 +209,15 @@ def diagnose(stats: LoaderStats) -> str:
         f"delivery-bound: workers idle {100 - busy * 100:.0f} % of the time while the step waits "
         f"{stall}: the main process receiving batches is the bottleneck; use the fast path (a "
         "dataset with read_batch and lengths, and PadCollate) or raise prefetch_factor"
+    )
+
+
+def _storage_bound(stats: LoaderStats, share: float, stall: str) -> str:
+    rate = stats.download_mb_per_s
+    fetched = f"{rate:,.1f} MB/s from the store, " if rate is not None else ""
+    return (
+        f"storage-bound: reads waited on shard downloads {share * 100:.0f} % of their time "
+        f"({fetched}{stats.cache_misses or 0:,} cache misses) and the step waits {stall} of the "
+        "time: raise download_concurrency, give the cache room for the shards a window "
+        "reads (cache_limit of at least shuffle_shards shards), or write larger shards"
     )

@@ -100,7 +100,7 @@ def _results(pool: Any, count: int) -> dict[int, Any]:
     """``{seq: (worker id, payload)}`` for the next ``count`` results."""
     got: dict[int, Any] = {}
     for _ in range(200):
-        for wid, (_, seq, _, payload, _, _) in pool.wait(0.05):
+        for wid, (_, seq, _, payload, *_) in pool.wait(0.05):
             got[seq] = (wid, payload.tolist())
         if len(got) == count:
             return got

@@ -16,8 +16,10 @@ import torch
 import fastload
 from fastload._engine._arena import SlotArena
 from fastload._engine._builder import SlotBuilder
+from fastload._engine._messages import OK, Reply
 from fastload._engine._sizing import slot_bytes_bound
-from fastload._engine._slots import SlotCodec
+from fastload._engine._slots import SlotBatch, SlotCodec, decode_reply
+from fastload._types import Counts, StorageCounts
 
 DELAY_S = 0.05
 
@@ -108,3 +110,12 @@ def test_a_collate_with_only_layout_and_collate_into_builds_the_same_batch(h5: P
     assert all(torch.equal(batches[0][k], batches[1][k]) for k in batches[0])
     del batches
     arena.close()
+
+
+@pytest.mark.parametrize(
+    "storage", [None, StorageCounts(0.25, 4096, 3, 1)], ids=["local", "remote"]
+)
+def test_a_reply_travels_with_its_storage_counts(storage: StorageCounts | None) -> None:
+    batch = SlotBatch((("x", 0, (2, 3), "<i8"),), None, 48, Counts(2, 6, 6))
+    reply = Reply(3, 7, OK, batch, 0.5, 0.125, storage)
+    assert decode_reply(SlotBuilder.result_bytes(reply)) == reply

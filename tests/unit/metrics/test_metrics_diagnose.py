@@ -9,6 +9,7 @@ import pytest
 
 from fastload._metrics import LoaderStats, ManualClock, StallMeter, diagnose
 from fastload._metrics._stats import MIN_BATCHES, STALL_OK
+from fastload._types import StorageCounts
 
 
 class FakeLoader:
@@ -68,6 +69,20 @@ def test_workers_that_spend_their_time_in_reads_make_a_stall_io_bound() -> None:
     meter = train(FakeLoader(clock, produce_s=0.050, batches=50), step_s=0.005, clock=clock)
     stats = meter.snapshot(num_workers=4, worker_busy=(1.0,) * 4, worker_read_share=0.8)
     assert stats.diagnosis.startswith("IO-bound: workers mostly waiting on reads (80 %")
+
+
+def test_reads_waiting_on_downloads_make_a_stall_storage_bound() -> None:
+    clock = ManualClock()
+    meter = train(FakeLoader(clock, produce_s=0.050, batches=50), step_s=0.005, clock=clock)
+    meter.add_storage(StorageCounts(3.0, 50_000_000, 10, 20), prefetched_bytes=0, busy_s=4.0)
+    stats = meter.snapshot(num_workers=2, worker_busy=(1.0, 1.0), worker_read_share=0.9)
+    assert stats.diagnosis.startswith("storage-bound: reads waited on shard downloads 75 %")
+    assert "20 cache misses" in stats.diagnosis and "download_concurrency" in stats.diagnosis
+    # The same loader whose reads seldom wait on the store: the reads themselves are slow.
+    quick = train(FakeLoader(clock, produce_s=0.050, batches=50), step_s=0.005, clock=clock)
+    quick.add_storage(StorageCounts(0.2, 50_000_000, 28, 2), prefetched_bytes=0, busy_s=4.0)
+    stats = quick.snapshot(num_workers=2, worker_busy=(1.0, 1.0), worker_read_share=0.9)
+    assert stats.diagnosis.startswith("IO-bound")
 
 
 def test_idle_workers_while_the_consumer_waits_are_delivery_bound() -> None:

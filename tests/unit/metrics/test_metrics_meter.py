@@ -8,6 +8,7 @@ import math
 import pytest
 
 from fastload._metrics import ENGINE_FIELDS, LoaderStats, ManualClock, StallMeter
+from fastload._types import StorageCounts
 
 
 def feed(
@@ -299,3 +300,32 @@ def test_a_recorded_batch_whose_next_has_not_returned_waits_for_its_end() -> Non
     entry[0] = clock()
     assert meter.snapshot(scope="epoch").batches == 4
     assert meter.snapshot(scope="epoch").wait_s == pytest.approx(0.001 * 2 + 0.002)  # not the first
+
+
+def test_storage_counts_sum_per_epoch_and_over_the_run() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    assert meter.snapshot().downloaded_bytes is None  # a local dataset reports none
+    feed(meter, clock, [1.0, 0.5, 0.5], step_s=1.0)
+    meter.add_storage(StorageCounts(0.4, 1_000_000, 3, 1), prefetched_bytes=3_000_000, busy_s=0.8)
+    first = meter.end_epoch()
+    feed(meter, clock, [0.1, 0.1], step_s=1.0)
+    meter.add_storage(StorageCounts(0.0, 0, 4, 0), prefetched_bytes=0, busy_s=0.2)
+    second = meter.snapshot(scope="epoch")
+    run = meter.snapshot()
+    assert first.downloaded_bytes == 4_000_000
+    # 4 MB over the epoch's 1 s first batch, 1 s of steady waits and 3 s of steps
+    assert first.download_mb_per_s == pytest.approx(4_000_000 / 5.0 / 1e6)
+    assert (first.cache_hits, first.cache_misses, first.storage_wait_s) == (3, 1, 0.4)
+    assert first.storage_wait_share == pytest.approx(0.4 / 0.8)
+    assert (second.downloaded_bytes, second.cache_hits, second.cache_misses) == (0, 4, 0)
+    assert (run.downloaded_bytes, run.cache_hits, run.cache_misses) == (4_000_000, 7, 1)
+    assert run.storage_wait_share == pytest.approx(0.4 / 1.0)
+
+
+def test_without_workers_the_storage_wait_is_a_share_of_the_consumers_wait() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    feed(meter, clock, [1.0, 0.5, 0.5], step_s=1.0)  # first batch 1 s, steady waits 1 s
+    meter.add_storage(StorageCounts(1.5, 10, 0, 2), prefetched_bytes=0, busy_s=0.0)
+    assert meter.snapshot().storage_wait_share == pytest.approx(1.5 / 2.0)

@@ -1,0 +1,126 @@
+"""``loader.stats()`` for a remote dataset, on the moto server behind the logging proxy: bytes
+downloaded (by the prefetcher and by the reads), cache hits and misses, the time the reads
+waited on downloads, and a diagnosis that names the storage when it is the bottleneck."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _servers import Faults
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from _token_files import write_token_file
+
+import fastload
+from fastload._formats._indexing import build_index, write_index
+
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four HDF5 shards of token sequences (two fields: tokens and a label) and their index."""
+    folder = tmp_path_factory.mktemp("corpus")
+    for shard in range(SHARDS):
+        write_token_file(folder / f"part-{shard:05d}.h5", 150, 400, seed=shard, label=True)
+    write_index(folder, build_index(folder))
+    return folder
+
+
+def shard_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.h5"))
+
+
+def remote(server: Any, corpus: Path, bucket: str, cache: Path) -> fastload.HDF5Dataset:
+    for path in sorted(corpus.iterdir()):
+        server.put(f"{bucket}/corpus/{path.name}", path.read_bytes())
+    return fastload.HDF5Dataset(f"s3://{bucket}/corpus/", storage_options=server.options, cache_dir=cache)
+
+
+def test_workers_report_downloads_and_epoch_two_downloads_nothing(
+    s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
+) -> None:
+    loader = fastload.DataLoader(
+        remote(s3_server, corpus, bucket, tmp_path), max_tokens=2048, num_workers=2, seed=1
+    )
+    for _ in range(2):
+        for _batch in loader:
+            pass
+    first, second = loader.epoch_stats
+    # Each shard once, whether the prefetcher or a worker that could not wait fetched it.
+    assert first.downloaded_bytes == shard_bytes(corpus)
+    assert first.cache_hits is not None and first.cache_misses is not None
+    # Every batch reads two fields of at least one shard, each read a hit or a miss.
+    assert first.cache_hits + first.cache_misses >= 2 * first.batches
+    assert first.download_mb_per_s is not None and first.download_mb_per_s > 0
+    assert second.downloaded_bytes == 0
+    assert second.cache_misses == 0 and second.storage_wait_s == 0
+    assert second.cache_hits is not None and second.cache_hits >= 2 * second.batches
+    run = loader.stats()
+    assert run.downloaded_bytes == shard_bytes(corpus)
+    assert run.cache_hits == first.cache_hits + second.cache_hits
+    assert "downloaded" in str(first)
+
+
+def test_reads_in_the_training_process_wait_once_per_shard(
+    s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
+) -> None:
+    # No plan to prefetch from (torch's sequential batches): each shard's first read downloads
+    # it (a miss, counted with its wait); its other field and later batches hit.
+    loader = fastload.DataLoader(remote(s3_server, corpus, bucket, tmp_path), batch_size=10)
+    batches = sum(1 for _ in loader)
+    stats = loader.stats()
+    assert stats.downloaded_bytes == shard_bytes(corpus)
+    assert stats.cache_misses == SHARDS
+    assert stats.cache_hits == 2 * batches - SHARDS
+    assert stats.storage_wait_s is not None and stats.storage_wait_s > 0
+    assert stats.storage_wait_share is not None and 0 < stats.storage_wait_share <= 1
+
+
+def test_a_slow_store_is_diagnosed_as_the_bottleneck(
+    faulty_s3: Any, bucket: str, corpus: Path, tmp_path: Path
+) -> None:
+    dataset = remote(faulty_s3, corpus, bucket, tmp_path)
+    faulty_s3.set_faults(Faults(latency_s=0.15))
+    loader = fastload.DataLoader(dataset, batch_size=10)
+    for _batch in loader:
+        pass  # a step of no time: every wait is the loader's
+    stats = loader.stats()
+    assert stats.storage_wait_share is not None and stats.storage_wait_share > 0.5, stats
+    assert stats.diagnosis.startswith("storage-bound"), stats.diagnosis
+    assert "download_concurrency" in stats.diagnosis
+
+
+def test_local_files_report_no_storage(corpus: Path) -> None:
+    loader = fastload.DataLoader(fastload.HDF5Dataset(sorted(corpus.glob("*.h5"))), batch_size=50)
+    for _batch in loader:
+        pass
+    stats = loader.stats()
+    assert stats.downloaded_bytes is None and stats.cache_hits is None
+    assert stats.storage_wait_share is None
+
+
+def test_download_concurrency_is_checked() -> None:
+    with pytest.raises(ValueError, match="download_concurrency"):
+        fastload.DataLoader(range(4), download_concurrency=0)
+
+
+def _rows(samples: list[dict[str, Any]]) -> int:
+    return len(samples)  # a collate of its own: the generic path (pickled replies)
+
+
+def test_the_generic_path_reports_the_workers_reads_too(
+    s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
+) -> None:
+    dataset = remote(s3_server, corpus, bucket, tmp_path)
+    loader = fastload.DataLoader(dataset, batch_size=25, num_workers=2, collate_fn=_rows)
+    rows = [n for n in loader]
+    stats = loader.stats()
+    assert sum(rows) == len(dataset) and stats.main_batches == 0
+    assert stats.downloaded_bytes == shard_bytes(corpus)
+    # each batch reads both fields of one shard: every read counted, hit or miss
+    assert stats.cache_hits is not None and stats.cache_misses is not None
+    assert stats.cache_hits + stats.cache_misses == 2 * len(rows)
