@@ -10,7 +10,9 @@ random read of about 4 KB), a 10 ms sleep as the step. Three conditions, interle
   ``fastload bench --cold`` does, again while ``mincore`` finds pages left; the most left is
   printed);
 * ``cold+willneed``: evicted, then ``dataset.willneed(batch)`` for every batch of the run,
-  in plan order, before iterating: what the plan-walking prefetcher will do, all at once.
+  in plan order, before iterating: the most any hinting can do, all at once;
+* ``cold+readahead``: evicted, then ``DataLoader(readahead=True)``: each worker hints the
+  batches queued behind the one it builds (``prefetch_factor`` ahead), as a user would run it.
 
 Figures: the median stall (wait / (wait + step), the first batch excluded) of each condition and
 its ratio to ``warm``'s; the time the hints took. How much a cold read costs depends on the
@@ -61,11 +63,11 @@ def write_corpus(path: Path, file_mb: int) -> Path:
     return path
 
 
-def run(dataset: Any, batches: list[list[int]]) -> float:
+def run(dataset: Any, batches: list[list[int]], readahead: bool = False) -> float:
     """The stall fraction of one pass over ``batches`` at a 10 ms step."""
     loader = fastload.DataLoader(
         dataset, batch_sampler=batches, num_workers=2, prefetch_factor=2,
-        collate_fn=fastload.PadCollate(primary="tokens"),
+        collate_fn=fastload.PadCollate(primary="tokens"), readahead=readahead,
     )
     wait_s = step_s = 0.0
     iterator = iter(loader)
@@ -86,7 +88,7 @@ def test_cold_disk_stall_with_and_without_readahead_hints(tmp_path: Path, bench_
     path = write_corpus(tmp_path / "cold.h5", size["file_mb"])
     dataset = fastload.HDF5Dataset(path)
     rng = np.random.default_rng(1)
-    stalls: dict[str, list[float]] = {"warm": [], "cold": [], "cold+willneed": []}
+    stalls: dict[str, list[float]] = {"warm": [], "cold": [], "cold+willneed": [], "cold+readahead": []}
     hint_s: list[float] = []
     left: list[int] = []
     for _ in range(size["rounds"]):
@@ -104,7 +106,7 @@ def test_cold_disk_stall_with_and_without_readahead_hints(tmp_path: Path, bench_
                 advised = sum(dataset.willneed(batch) for batch in batches)
                 hint_s.append(time.perf_counter() - start)
                 assert advised > 0
-            stalls[condition].append(run(dataset, batches))
+            stalls[condition].append(run(dataset, batches, readahead=condition == "cold+readahead"))
     warm = float(np.median(stalls["warm"]))
     print(f"\ncold disk, {size['file_mb']} MB file, {size['batches']} batches of {BATCH} random samples,"
           f" 10 ms step, 2 workers, {size['rounds']} rounds (medians); resident after eviction:"

@@ -318,6 +318,7 @@ class WorkerIterator(_BaseIterator):
             pin=page_lock if (self._pin or self._device is not None) else None,
             max_shared_bytes=self._options.max_shared_bytes,
             auto_workers=self._options.auto_workers,
+            readahead=self._options.readahead,
         )
         self._runner = start_runner(self._runner_options, self._sampler_iter)
 

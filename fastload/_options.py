@@ -22,6 +22,7 @@ class LoaderOptions:
     pack_length: int | None = None
     shuffle_shards: int | None = None
     download_concurrency: int | None = None  # None: _shard_traffic.DOWNLOAD_CONCURRENCY
+    readahead: bool = False  # workers hint the kernel about queued batches' byte ranges
     seed: int = 0
     device: torch.device | None = None  # the CUDA device batches are copied to; None: the host
     requested_device: str | torch.device | None = None  # as the user gave it
@@ -42,6 +43,7 @@ class LoaderOptions:
         shuffle_shards: Any,
         seed: Any,
         download_concurrency: Any = None,
+        readahead: Any = False,
         device: Any,
         max_shared_bytes: Any,
         log_every_s: Any,
@@ -74,6 +76,7 @@ class LoaderOptions:
             download_concurrency=_positive_int(
                 "download_concurrency", download_concurrency, optional=True
             ),
+            readahead=_flag("readahead", readahead),
             seed=_seed(seed),
             device=_device(device),
             requested_device=device,

@@ -21,6 +21,9 @@ Reader capabilities
 * ``mapped_ragged()`` (:class:`MappedReader`) — for a dataset of one ragged field whose values
   and int64 offsets lie in a memory map: ``(field, values, offsets)``, else ``None``. With it a
   collate may build a batch in one native call (:meth:`SlotCollate.one_call_builder`).
+* ``willneed(indices)`` — tell the kernel that the samples ``indices`` will be read soon
+  (returns the bytes advised). With ``DataLoader(readahead=True)`` each worker calls it for the
+  tasks queued behind the one it builds; an error it raises is ignored (the read reports it).
 * ``storage_counts()`` — for a dataset read from remote storage, a
   :class:`~fastload._types.StorageCounts` of this process's reads so far (seconds blocked on
   downloads, bytes downloaded, cache hits and misses), or ``None``. Workers report its change

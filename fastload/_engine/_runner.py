@@ -61,6 +61,9 @@ class RunnerOptions:
     pin: Pinner | None = None
     max_shared_bytes: int | None = None
     auto_workers: bool = False  # num_workers="auto": the pool may grow to every core
+    #: Workers tell the kernel which byte ranges the tasks queued behind their current one read
+    #: (``willneed``, ``fastload._protocols``), so that a cold disk reads them ahead.
+    readahead: bool = False
 
     @property
     def fast_collate(self) -> Any:

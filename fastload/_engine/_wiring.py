@@ -51,6 +51,7 @@ def worker_spec(options: RunnerOptions, builder: SlotBuilder | None) -> WorkerSp
         main_pid=os.getpid(),
         epoch=0,
         builder=builder,
+        readahead=options.readahead,
     )
 
 

@@ -8,12 +8,15 @@ task pipe is closed (end-of-file), when its parent dies (checked between tasks, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
+import queue
 import random
 import select
 import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -52,6 +55,7 @@ class WorkerSpec:
     epoch: int
     builder: Any = None  # the fast path's batch builder; None for the generic path
     host: WorkerHost = field(default_factory=WorkerHost)  # what the host policy has it do
+    readahead: bool = False  # hint the kernel about the queued tasks' byte ranges
 
 
 def _seed(spec: WorkerSpec) -> int:
@@ -118,7 +122,11 @@ def worker_main(
     # own; everything else is pickled (results with the pickler that moves arrays through
     # shared memory).
     builder = spec.builder
-    inbox = _Inbox(tasks.fileno(), pickle.loads if builder is None else builder.task_message)
+    inbox = _Inbox(
+        tasks.fileno(),
+        pickle.loads if builder is None else builder.task_message,
+        on_queued=_readahead(spec) if spec.readahead else None,
+    )
     encode = dumps if builder is None else builder.result_bytes
     results_fd = results.fileno()
     try:
@@ -176,8 +184,14 @@ class _Inbox:
     a poll happens only when the pipe is empty (``Connection.recv_bytes`` costs a poll and two
     reads per message; a worker with its next task queued now makes one read for it)."""
 
-    def __init__(self, fd: int, decode: Callable[[bytes], Any]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        decode: Callable[[bytes], Any],
+        on_queued: Callable[[list[Any]], None] | None = None,
+    ) -> None:
         self._fd = fd
+        self._on_queued = on_queued  # called with the messages queued behind the next one
         os.set_blocking(fd, False)  # this worker's own read end: nobody else reads it
         self._decode = decode
         self._buffer = bytearray()
@@ -199,8 +213,37 @@ class _Inbox:
                 raise EOFError
             self._buffer += chunk
             self._messages = take_frames(self._buffer, self._decode)
+            if self._on_queued is not None and len(self._messages) > 1:
+                self._on_queued(self._messages[1:])
             self._messages.reverse()
         return self._messages.pop()
+
+
+def _readahead(spec: WorkerSpec) -> Callable[[list[Any]], None] | None:
+    """What tells the kernel about the byte ranges of queued tasks: the dataset's ``willneed``
+    (``fastload._protocols``) of each task's indices, called by a thread of its own so that
+    the build of the current task does not wait for the hints; ``None`` where the dataset has
+    no ``willneed``."""
+    willneed = getattr(spec.dataset, "willneed", None)
+    if willneed is None:
+        return None
+    queued: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def run() -> None:
+        while True:
+            index = queued.get()
+            # Only a hint: what it finds wrong, the task's read raises, naming the sample.
+            with contextlib.suppress(IndexError, OSError, TypeError, ValueError):
+                willneed(getattr(index, "indices", index))
+
+    threading.Thread(target=run, name="fastload-readahead", daemon=True).start()
+
+    def hint(messages: list[Any]) -> None:
+        for message in messages:
+            if isinstance(message, tuple) and len(message) == 3:  # a TaskMessage
+                queued.put(message[2])
+
+    return hint
 
 
 def _new_fetcher(spec: WorkerSpec) -> Any:
