@@ -116,7 +116,7 @@ def test_the_generic_path_reports_the_workers_reads_too(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
 ) -> None:
     dataset = remote(s3_server, corpus, bucket, tmp_path)
-    loader = fastload.DataLoader(dataset, batch_size=25, num_workers=2, collate_fn=_rows)
+    loader = fastload.DataLoader(dataset, batch_size=25, num_workers=2, collate_fn=_rows, timeout=60)
     rows = [n for n in loader]
     stats = loader.stats()
     assert sum(rows) == len(dataset) and stats.main_batches == 0
