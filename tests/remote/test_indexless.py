@@ -1,0 +1,154 @@
+"""Remote Arrow/Parquet datasets without ``fastload-index.json``, on the real moto server behind
+the logging proxy: planned from one listing per node and the shards' footers and length columns
+(ranged GETs, never a whole shard), the same samples and batches as with an index, one warning
+that an index starts faster, and clear errors for folders that cannot be planned so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import fastload
+from fastload._formats._indexing import build_index, write_index
+from fastload._remote import INDEX_NAME
+from fastload.errors import DataFileNotFoundError, DataFormatError
+
+SHARDS, ROWS = 3, 300
+
+
+def table(seed: int) -> pa.Table:
+    """Token ids (the ragged length field), a text column several times their size, labels."""
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(0, 30000, int(n)).astype(np.int32) for n in rng.integers(1, 60, ROWS)]
+    text = [rng.bytes(int(n)).hex() for n in rng.integers(800, 1600, ROWS)]
+    return pa.table({"ids": pa.array(ids, pa.list_(pa.int32())), "text": text, "label": np.arange(ROWS) + seed * ROWS})
+
+
+@pytest.fixture(scope="module", params=["ipc", "parquet"])
+def shards(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three shards (Arrow IPC files of 3 record batches, or Parquet of 3 row groups) and their
+    index, on local disk."""
+    folder = tmp_path_factory.mktemp(request.param)
+    for shard in range(SHARDS):
+        data = table(shard)
+        if request.param == "parquet":
+            pq.write_table(data, folder / f"part-{shard}.parquet", row_group_size=ROWS // 3)
+        else:
+            with pa.OSFile(str(folder / f"part-{shard}.arrow"), "wb") as sink, pa.ipc.new_file(sink, data.schema) as out:
+                for batch in data.to_batches(max_chunksize=ROWS // 3):
+                    out.write_batch(batch)
+    write_index(folder, build_index(folder))
+    return folder
+
+
+def upload(server: Any, folder: Path, bucket: str, prefix: str, *, index: bool) -> str:
+    for path in sorted(folder.iterdir()):
+        if index or path.name != INDEX_NAME:
+            server.put(f"{bucket}/{prefix}/{path.name}", path.read_bytes())
+    return f"s3://{bucket}/{prefix}/"
+
+
+def listings(server: Any) -> int:
+    return sum(1 for r in server.requests() if r.method == "GET" and "list-type" in r.query)
+
+
+def shard_bytes_fetched(server: Any, folder: Path) -> tuple[int, int]:
+    """Bytes the shards' GETs asked for (a GET without a range: the whole shard), and the
+    number of GETs from a shard's first byte (downloads: planning reads footers, from the end)."""
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.name != INDEX_NAME}
+    fetched = from_start = 0
+    for r in server.requests():
+        name = r.path.rsplit("/", 1)[-1]
+        if r.method != "GET" or name not in sizes:
+            continue
+        first, last = (r.range or f"bytes=0-{sizes[name] - 1}").removeprefix("bytes=").split("-")
+        fetched += int(last) - int(first) + 1
+        from_start += first == "0"
+    return fetched, from_start
+
+
+def owned(batch: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k] for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_planned_from_footers_and_length_column_with_the_indexed_samples(
+    s3_server: Any, bucket: str, shards: Path, tmp_path: Path
+) -> None:
+    indexed_url = upload(s3_server, shards, bucket, "indexed", index=True)
+    bare_url = upload(s3_server, shards, bucket, "bare", index=False)
+    total = sum(p.stat().st_size for p in shards.iterdir() if p.name != INDEX_NAME)
+    indexed = fastload.ArrowDataset(indexed_url, storage_options=s3_server.options, cache_dir=tmp_path / "a")
+    s3_server.proxy.reset()
+    with pytest.warns(UserWarning, match=rf"{bare_url}{INDEX_NAME} not found: listed {SHARDS} shards .* in [\d.]+ s; an index starts faster .* `fastload index {bare_url}`"):
+        bare = fastload.ArrowDataset(bare_url, storage_options=s3_server.options, cache_dir=tmp_path / "b")
+    fetched, downloads = shard_bytes_fetched(s3_server, shards)
+    assert listings(s3_server) == 1 and downloads == 0
+    assert fetched < total / 4, (fetched, total)  # the footers and ids, not the text
+    assert (len(bare), bare.fields, bare.length_field) == (len(indexed), indexed.fields, "ids")
+    assert np.array_equal(bare.lengths, indexed.lengths) and len(bare) == SHARDS * ROWS
+    assert all(s.sha256 is None and s.version for s in bare._remote.index.shards)
+    rows = np.random.default_rng(0).permutation(len(bare))[:50]
+    got, expected = bare.read_batch(rows), indexed.read_batch(rows)
+    assert np.array_equal(got["ids"].values, expected["ids"].values) and got["text"] == expected["text"]
+    assert np.array_equal(got["label"], expected["label"])
+
+
+def test_one_listing_per_node_for_two_loaders_with_two_workers(
+    s3_server: Any, bucket: str, shards: Path, tmp_path: Path
+) -> None:
+    indexed_url = upload(s3_server, shards, bucket, "indexed", index=True)
+    bare_url = upload(s3_server, shards, bucket, "bare", index=False)
+    node = tmp_path / "node-cache"
+    s3_server.proxy.reset()
+    runs, planning = [], []
+    with pytest.warns(UserWarning, match=r"not found: listed") as caught:
+        for rank in range(2):  # two loaders standing for two ranks on one node, 2 workers each
+            before = len(s3_server.requests())
+            bare = fastload.ArrowDataset(bare_url, fields=["ids", "label"], storage_options=s3_server.options, cache_dir=node)
+            planning.append(s3_server.requests()[before:])
+            sampler = fastload.LengthGroupedBatchSampler(bare.lengths, max_tokens=1024, num_replicas=2, rank=rank, seed=3)
+            runs.append([owned(b) for b in fastload.DataLoader(bare, batch_sampler=sampler, num_workers=2)])
+    assert len(caught) == 1  # once per process and dataset
+    assert sum(1 for r in planning[0] if r.method == "GET" and "list-type" in r.query) == 1
+    assert planning[1] == []  # the second loader planned from the node's cache of the derived index
+    assert listings(s3_server) == 1 and shard_bytes_fetched(s3_server, shards)[1] == SHARDS  # one download each
+    indexed = fastload.ArrowDataset(indexed_url, fields=["ids", "label"], storage_options=s3_server.options, cache_dir=tmp_path / "i")
+    for rank in range(2):
+        sampler = fastload.LengthGroupedBatchSampler(indexed.lengths, max_tokens=1024, num_replicas=2, rank=rank, seed=3)
+        assert same_batches(runs[rank], [owned(b) for b in fastload.DataLoader(indexed, batch_sampler=sampler)])
+
+
+def test_folders_that_cannot_be_planned_are_refused_naming_the_url(
+    s3_server: Any, bucket: str, tmp_path: Path
+) -> None:
+    options = {"storage_options": s3_server.options, "cache_dir": tmp_path}
+    with pytest.raises(DataFileNotFoundError, match=rf"s3://{bucket}/empty/: holds no {INDEX_NAME} and no object"):
+        fastload.ArrowDataset(f"s3://{bucket}/empty/", **options)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table(0), sink)
+    s3_server.put(f"{bucket}/mixed/a.h5", b"\x89HDF\r\n\x1a\n")
+    s3_server.put(f"{bucket}/mixed/b.parquet", sink.getvalue().to_pybytes())
+    with pytest.raises(DataFileNotFoundError, match=r"mixed/: holds both HDF5 \(a\.h5\) and Arrow/Parquet \(b\.parquet\)"):
+        fastload.ArrowDataset(f"s3://{bucket}/mixed/", **options)
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, table(0).schema) as out:
+        out.write_table(table(0))
+    s3_server.put(f"{bucket}/stream/data-0.arrow", stream.getvalue().to_pybytes())
+    with pytest.raises(DataFormatError, match=rf"stream/data-0\.arrow: ends with neither .* `fastload index s3://{bucket}/stream/`"):
+        fastload.ArrowDataset(f"s3://{bucket}/stream/", **options)
+    s3_server.put(f"{bucket}/h5/a.h5", b"\x89HDF\r\n\x1a\n")
+    with pytest.raises(DataFileNotFoundError, match=r"h5/fastload-index\.json: no index beside the shards; write one with `fastload index`"):
+        fastload.HDF5Dataset(f"s3://{bucket}/h5/", **options)
