@@ -8,9 +8,10 @@ Arrow footer, with the schema and row counts; a footer larger than that costs on
 * Parquet: the column chunks of the length field's column, one ranged GET per row group
   (a list's lengths are in its repetition levels, which are stored with its values, so the
   values of that one column are read; the other columns are not);
-* Arrow IPC file: per record batch, its metadata and the buffers of the length field's column
-  (validity, offsets and values: pyarrow selects buffers by field, ``included_fields``), one
-  ranged GET each; the other columns' buffers are not read.
+* Arrow IPC file: per record batch, its metadata and the length field's offsets buffer (and
+  its validity bitmap if it has nulls), one ranged GET each (``_ipc_offsets``): neither its
+  values nor another column. A layout that module does not read falls back to pyarrow, which
+  reads the length field's buffers, values too (``included_fields``).
 
 Arrow IPC *streams* have no footer (finding their batches means reading them whole) and HDF5's
 lengths are not read this way; both are refused with an error that names ``fastload index``.
@@ -38,6 +39,7 @@ import pyarrow.parquet as pq
 from fastload._formats._arrow_convert import list_lengths
 from fastload._formats._arrow_schema import ArrowField, field_array, select_fields
 from fastload._formats._fields import check_same_fields, pick_length_field
+from fastload._formats._ipc_offsets import ipc_list_lengths, ipc_rows
 from fastload._remote import INDEX_NAME, DatasetIndex, ObjectInfo, ShardEntry, Store
 from fastload._types import Field
 from fastload.errors import DataFileNotFoundError, DataFormatError
@@ -178,12 +180,16 @@ def _describe_parquet(url: str, remote: RangeFile) -> tuple[dict[str, Field], st
 def _describe_ipc(url: str, remote: RangeFile) -> tuple[dict[str, Field], str | None, npt.NDArray[np.int64]]:
     schema = pa.ipc.open_file(pa.PythonFile(remote, mode="r")).schema
     specs, length_field = _fields(url, schema)
-    column = schema.get_field_index(specs[length_field].path[0]) if length_field is not None else 0
+    if length_field is None:
+        return _described(specs), None, np.ones(ipc_rows(remote.read_at, remote.size(), remote.tail), np.int64)
+    lengths = ipc_list_lengths(remote.read_at, remote.size(), remote.tail, schema, specs[length_field].path)
+    if lengths is not None:
+        return _described(specs), length_field, lengths
+    # A layout _ipc_offsets does not read: the length field's buffers, values too, by pyarrow.
+    column = schema.get_field_index(specs[length_field].path[0])
     options = pa.ipc.IpcReadOptions(included_fields=[column], use_threads=False)
     reader = pa.ipc.open_file(pa.PythonFile(remote, mode="r"), options=options)
     batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-    if length_field is None:
-        return _described(specs), None, np.ones(sum(b.num_rows for b in batches), np.int64)
     spec = specs[length_field]
     return _described(specs), length_field, _joined([_lengths(field_array(b, spec.path), spec, url) for b in batches])
 
@@ -249,15 +255,18 @@ class RangeFile(io.RawIOBase):
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         start = min(self._position, self._size)
-        end = min(start + len(buffer), self._size)
-        if start >= self._tail_start:
-            data = self.tail[start - self._tail_start : end - self._tail_start]
-        else:
-            data = self._store.read_range(self._name, start, end - start)
-            self.fetched += len(data)
+        data = self.read_at(start, min(len(buffer), self._size - start))
         memoryview(buffer)[: len(data)] = data
-        self._position = end
+        self._position = start + len(data)
         return len(data)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)``, from the tail when they lie in it."""
+        if offset >= self._tail_start:
+            return self.tail[offset - self._tail_start : offset - self._tail_start + length]
+        data = self._store.read_range(self._name, offset, length)
+        self.fetched += len(data)
+        return data
 
 
 def bounded_map(function: Callable[[ObjectInfo], _T], items: Sequence[ObjectInfo], threads: int) -> list[_T]:
