@@ -42,7 +42,7 @@ from fastload._formats._fields import check_same_fields, pick_length_field
 from fastload._formats._ipc_offsets import ipc_list_lengths, ipc_rows
 from fastload._remote import INDEX_NAME, DatasetIndex, ObjectInfo, ShardEntry, Store
 from fastload._types import Field
-from fastload.errors import DataFileNotFoundError, DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError, FastloadError
 
 #: Bytes read from the end of each shard first: its footer, in one request for most shards.
 TAIL_BYTES = 64 << 10
@@ -141,15 +141,15 @@ def describe(store: Store, info: ObjectInfo) -> tuple[dict[str, Field], str | No
     """The fields, length field and per-sample lengths of one Arrow IPC file or Parquet shard,
     read through ranged requests (see the module text)."""
     url = store.join(info.name)
-    remote = RangeFile(store, info.name, info.size)
-    tail = remote.tail
     try:
-        if tail.endswith(b"PAR1"):
-            return _describe_parquet(url, remote)
-        if tail.endswith(b"ARROW1"):
-            return _describe_ipc(url, remote)
+        with store.ranges(info.name) as read_at:
+            remote = RangeFile(read_at, info.size)
+            if remote.tail.endswith(b"PAR1"):
+                return _describe_parquet(url, remote)
+            if remote.tail.endswith(b"ARROW1"):
+                return _describe_ipc(url, remote)
     except (pa.ArrowException, OSError) as exc:
-        if isinstance(exc, DataFormatError):
+        if isinstance(exc, FastloadError):  # the store's, or ours: they name the URL already
             raise
         raise DataFormatError(
             f"{url}: cannot be read as Arrow/Parquet; it is truncated or damaged "
@@ -224,16 +224,17 @@ def _described(specs: dict[str, ArrowField]) -> dict[str, Field]:
 
 
 class RangeFile(io.RawIOBase):
-    """A read-only file over one object of ``size`` bytes: its last :data:`TAIL_BYTES` fetched
-    at once (the footer), every other read one ranged GET of exactly the bytes asked for.
-    ``fetched`` counts the bytes received. For one thread (pyarrow's ``PythonFile`` locks)."""
+    """A read-only file over one object of ``size`` bytes read by ``read_at`` (a
+    :meth:`Store.ranges` reader): its last :data:`TAIL_BYTES` fetched at once (the footer),
+    every other read one ranged GET of exactly the bytes asked for. ``fetched`` counts the
+    bytes received. For one thread (pyarrow's ``PythonFile`` locks)."""
 
-    def __init__(self, store: Store, name: str, size: int) -> None:
+    def __init__(self, read_at: Callable[[int, int], bytes], size: int) -> None:
         super().__init__()
-        self._store, self._name, self._size = store, name, size
+        self._read_at, self._size = read_at, size
         self._position = 0
         self._tail_start = max(0, size - TAIL_BYTES)
-        self.tail = store.read_range(name, self._tail_start, size - self._tail_start)
+        self.tail = read_at(self._tail_start, size - self._tail_start)
         self.fetched = len(self.tail)
 
     def readable(self) -> bool:
@@ -264,7 +265,7 @@ class RangeFile(io.RawIOBase):
         """Bytes ``[offset, offset + length)``, from the tail when they lie in it."""
         if offset >= self._tail_start:
             return self.tail[offset - self._tail_start : offset - self._tail_start + length]
-        data = self._store.read_range(self._name, offset, length)
+        data = self._read_at(offset, length)
         self.fetched += len(data)
         return data
 

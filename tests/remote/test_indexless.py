@@ -17,7 +17,7 @@ import torch
 import fastload
 from fastload._formats._discover_remote import TAIL_BYTES
 from fastload._formats._indexing import build_index, write_index
-from fastload._remote import INDEX_NAME
+from fastload._remote import INDEX_NAME, open_store
 from fastload.errors import DataFileNotFoundError, DataFormatError
 
 SHARDS, ROWS = 3, 300
@@ -97,6 +97,8 @@ def test_planned_from_footers_and_length_column_with_the_indexed_samples(
         bare = fastload.ArrowDataset(bare_url, storage_options=s3_server.options, cache_dir=tmp_path / "b")
     fetched, downloads = shard_bytes_fetched(s3_server, shards)
     assert listings(s3_server) == 1 and downloads == 0
+    heads = [r.path.rsplit("/", 1)[-1] for r in s3_server.requests() if r.method == "HEAD"]
+    assert sorted(heads) == sorted([INDEX_NAME, *(p.name for p in shards.iterdir() if p.name != INDEX_NAME)])  # one open each
     # Beyond each shard's tail (its footer): Parquet reads the ids column's chunks, an IPC file
     # the ids offsets and each batch's metadata; neither reads the text.
     assert fetched - SHARDS * TAIL_BYTES < total * (0.1 if shards.name.startswith("parquet") else 0.01), (fetched, total)
@@ -172,3 +174,23 @@ def test_an_ipc_layout_left_to_pyarrow_plans_the_same_lengths(s3_server: Any, bu
     local = fastload.ArrowDataset(folder / "a.arrow", null_fill=0, cache_dir=False)
     assert bare.length_field == "s/ids" and np.array_equal(bare.lengths, local.lengths)
     assert bare.read_batch([0, 1])["s/ids"].lengths.tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("kind", ["s3", "http"])
+def test_a_ranges_reader_opens_the_object_once(s3_server: Any, bucket: str, http_server: Any, kind: str) -> None:
+    data = bytes(range(256)) * 40
+    if kind == "s3":
+        s3_server.put(f"{bucket}/x.bin", data)
+        store, server = open_store(f"s3://{bucket}", s3_server.options), s3_server
+    else:
+        (http_server.root / "x.bin").write_bytes(data)
+        store, server = open_store(f"{http_server.endpoint}/"), http_server
+    server.proxy.reset()
+    with store.ranges("x.bin") as read_at:
+        assert read_at(1000, 10) == data[1000:1010] and read_at(10230, 10) == data[10230:]
+        if kind == "s3":
+            with pytest.raises(ValueError, match="outside the object's 10240 bytes"):
+                read_at(10230, 11)
+    log = server.requests()
+    assert [r.range for r in log if r.method == "GET"] == ["bytes=1000-1009", "bytes=10230-10239"]
+    assert [r.method for r in log].count("HEAD") == (1 if kind == "s3" else 0)
