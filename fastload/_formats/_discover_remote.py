@@ -13,8 +13,12 @@ Arrow footer, with the schema and row counts; a footer larger than that costs on
   values nor another column. A layout that module does not read falls back to pyarrow, which
   reads the length field's buffers, values too (``included_fields``).
 
-Arrow IPC *streams* have no footer (finding their batches means reading them whole) and HDF5's
-lengths are not read this way; both are refused with an error that names ``fastload index``.
+* HDF5 (``_discover_hdf5``): its metadata and each ragged field's ``offsets``, in aligned
+  blocks of 64 KiB (a few requests for a shard in the fastload layout).
+
+Arrow IPC *streams* have no footer (finding their batches means reading them whole), and HDF5
+variable-length datasets keep their lengths with their values: both are refused with an error
+that names ``fastload index``.
 Checksums are unknown (``ShardEntry.sha256 is None``): the shard cache checks sizes only, and
 keys shards by size and the store's version of the object, so a rewritten object is fetched
 again. Shards are read by up to :data:`THREADS` threads, the store's requests being I/O.
@@ -38,6 +42,7 @@ import pyarrow.parquet as pq
 
 from fastload._formats._arrow_convert import list_lengths
 from fastload._formats._arrow_schema import ArrowField, field_array, select_fields
+from fastload._formats._discover_hdf5 import describe_hdf5
 from fastload._formats._fields import check_same_fields, pick_length_field
 from fastload._formats._ipc_offsets import ipc_list_lengths, ipc_rows
 from fastload._remote import INDEX_NAME, DatasetIndex, ObjectInfo, ShardEntry, Store
@@ -89,9 +94,7 @@ def derive_index(store: Store, *, threads: int = THREADS) -> DatasetIndex:
     if not store.can_list:
         raise _no_index(where, f"{store.url} cannot be listed (HTTP), so its shards are found from an index only")
     kind, shards = select_shards(store.url, store.list())
-    if kind == "hdf5":
-        raise _no_index(where, "HDF5 shards are planned from an index only (their lengths are not read by ranged requests)")
-    described = bounded_map(lambda info: describe(store, info), shards, threads)
+    described = bounded_map(lambda info: describe(store, info, kind), shards, threads)
     first_url = store.join(shards[0].name)
     fields, length_field = described[0][0], described[0][1]
     for info, (theirs, _, _) in zip(shards, described, strict=True):
@@ -101,7 +104,7 @@ def derive_index(store: Store, *, threads: int = THREADS) -> DatasetIndex:
         for info, (_, _, lengths) in zip(shards, described, strict=True)
     )
     lengths = np.concatenate([d[2] for d in described])
-    index = DatasetIndex("arrow", fields, length_field, entries, lengths)
+    index = DatasetIndex(kind, fields, length_field, entries, lengths)
     index.check(where)
     return index
 
@@ -137,10 +140,13 @@ def index_without_file(store: Store | None, path: Path, folder: str, cached: byt
     return index
 
 
-def describe(store: Store, info: ObjectInfo) -> tuple[dict[str, Field], str | None, npt.NDArray[np.int64]]:
-    """The fields, length field and per-sample lengths of one Arrow IPC file or Parquet shard,
-    read through ranged requests (see the module text)."""
+def describe(store: Store, info: ObjectInfo, kind: str) -> tuple[dict[str, Field], str | None, npt.NDArray[np.int64]]:
+    """The fields, length field and per-sample lengths of one shard of ``kind`` (``hdf5`` or
+    ``arrow``), read through ranged requests (see the module text)."""
     url = store.join(info.name)
+    if kind == "hdf5":
+        with store.ranges(info.name) as read_at:
+            return describe_hdf5(url, read_at, info.size, f"write an index with `fastload index {store.url}`")
     try:
         with store.ranges(info.name) as read_at:
             remote = RangeFile(read_at, info.size)

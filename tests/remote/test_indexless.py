@@ -5,14 +5,19 @@ that an index starts faster, and clear errors for folders that cannot be planned
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from _token_files import write_token_file
 
 import fastload
 from fastload._formats._discover_remote import TAIL_BYTES
@@ -155,8 +160,19 @@ def test_folders_that_cannot_be_planned_are_refused_naming_the_url(
     with pytest.raises(DataFormatError, match=rf"stream/data-0\.arrow: ends with neither .* `fastload index s3://{bucket}/stream/`"):
         fastload.ArrowDataset(f"s3://{bucket}/stream/", **options)
     s3_server.put(f"{bucket}/h5/a.h5", b"\x89HDF\r\n\x1a\n")
-    with pytest.raises(DataFileNotFoundError, match=r"h5/fastload-index\.json: no index beside the shards; write one with `fastload index`"):
+    with pytest.raises(DataFormatError, match=r"h5/a\.h5: cannot be read as HDF5; it is truncated or damaged"):
         fastload.HDF5Dataset(f"s3://{bucket}/h5/", **options)
+    with h5py.File(tmp_path / "vlen.h5", "w") as f:
+        f.create_dataset("ids", data=[np.arange(3), np.arange(5)], dtype=h5py.vlen_dtype(np.int64))
+    s3_server.put(f"{bucket}/vlen/a.h5", (tmp_path / "vlen.h5").read_bytes())
+    with pytest.raises(DataFileNotFoundError, match=rf"vlen/a\.h5: ragged field 'ids' is a variable-length dataset.* `fastload index s3://{bucket}/vlen/`"):
+        fastload.HDF5Dataset(f"s3://{bucket}/vlen/", **options)
+
+
+def test_an_http_folder_without_index_names_fastload_index(http_server: Any, tmp_path: Path) -> None:
+    (http_server.root / "bare").mkdir()
+    with pytest.raises(DataFileNotFoundError, match=r"bare/fastload-index\.json: no index beside the shards; write one with `fastload index`.* cannot be listed"):
+        fastload.HDF5Dataset(f"{http_server.endpoint}/bare/", cache_dir=tmp_path)
 
 
 def test_an_ipc_layout_left_to_pyarrow_plans_the_same_lengths(s3_server: Any, bucket: str, tmp_path: Path) -> None:
@@ -194,3 +210,25 @@ def test_a_ranges_reader_opens_the_object_once(s3_server: Any, bucket: str, http
     log = server.requests()
     assert [r.range for r in log if r.method == "GET"] == ["bytes=1000-1009", "bytes=10230-10239"]
     assert [r.method for r in log].count("HEAD") == (1 if kind == "s3" else 0)
+
+
+def test_hdf5_shards_planned_from_their_metadata_and_offsets(s3_server: Any, bucket: str, tmp_path: Path) -> None:
+    folder = tmp_path / "h5"
+    folder.mkdir()
+    for shard in range(2):
+        write_token_file(folder / f"part-{shard}.h5", 300, 4000, seed=shard, label=True)
+    write_index(folder, build_index(folder))
+    indexed = fastload.HDF5Dataset(upload(s3_server, folder, bucket, "indexed", index=True), storage_options=s3_server.options, cache_dir=tmp_path / "a")
+    bare_url = upload(s3_server, folder, bucket, "bare", index=False)
+    total = sum(p.stat().st_size for p in folder.glob("*.h5"))
+    s3_server.proxy.reset()
+    with pytest.warns(UserWarning, match=r"not found: listed 2 shards"):
+        bare = fastload.HDF5Dataset(bare_url, storage_options=s3_server.options, cache_dir=tmp_path / "b")
+    fetched, downloads = shard_bytes_fetched(s3_server, folder)
+    gets = sum(1 for r in s3_server.requests() if r.method == "GET")
+    assert downloads == 2 and gets <= 1 + 2 * 3, gets  # from byte 0: the superblock's block, not the shard
+    assert fetched < total / 3, (fetched, total)  # metadata and offsets, not the token values
+    assert (len(bare), bare.fields, bare.length_field) == (len(indexed), indexed.fields, "tokens")
+    assert np.array_equal(bare.lengths, indexed.lengths)
+    got, expected = bare.read_batch([0, 299, 301]), indexed.read_batch([0, 299, 301])
+    assert np.array_equal(got["tokens"].values, expected["tokens"].values) and np.array_equal(got["label"], expected["label"])
