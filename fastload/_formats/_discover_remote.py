@@ -325,7 +325,7 @@ def warn_derived(folder: str, shards: int, seconds: float | None) -> None:
         f"{folder}{INDEX_NAME} not found: {how}; an index starts faster and lets the shard "
         f"cache verify checksums: write one with `fastload index {folder}`",
         UserWarning,
-        stacklevel=5,
+        stacklevel=6,  # the dataset's construction in the caller's code
     )
 
 

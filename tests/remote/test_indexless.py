@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _servers import Faults
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _token_files import write_token_file
@@ -131,7 +132,7 @@ def test_one_listing_per_node_for_two_loaders_with_two_workers(
             planning.append(s3_server.requests()[before:])
             sampler = fastload.LengthGroupedBatchSampler(bare.lengths, max_tokens=1024, num_replicas=2, rank=rank, seed=3)
             runs.append([owned(b) for b in fastload.DataLoader(bare, batch_sampler=sampler, num_workers=2)])
-    assert len(caught) == 1  # once per process and dataset
+    assert len(caught) == 1 and caught[0].filename == __file__  # once per process and dataset, at its creation
     assert sum(1 for r in planning[0] if r.method == "GET" and "list-type" in r.query) == 1
     assert planning[1] == []  # the second loader planned from the node's cache of the derived index
     assert listings(s3_server) == 1 and shard_bytes_fetched(s3_server, shards)[1] == SHARDS  # one download each
@@ -232,3 +233,14 @@ def test_hdf5_shards_planned_from_their_metadata_and_offsets(s3_server: Any, buc
     assert np.array_equal(bare.lengths, indexed.lengths)
     got, expected = bare.read_batch([0, 299, 301]), indexed.read_batch([0, 299, 301])
     assert np.array_equal(got["tokens"].values, expected["tokens"].values) and np.array_equal(got["label"], expected["label"])
+
+
+def test_planning_under_injected_faults_gives_the_same_index(faulty_s3: Any, bucket: str, shards: Path, tmp_path: Path) -> None:
+    url = upload(faulty_s3, shards, bucket, "bare", index=False)
+    with pytest.warns(UserWarning, match=r"not found: listed"):
+        clean = fastload.ArrowDataset(url, storage_options=faulty_s3.options, cache_dir=tmp_path / "a")
+    faulty_s3.set_faults(Faults(error_rate=0.1, drop_rate=0.1, seed=7))
+    faulty = fastload.ArrowDataset(url, storage_options=faulty_s3.options, cache_dir=tmp_path / "b")  # warned once already
+    assert any(r.fault for r in faulty_s3.requests())
+    assert faulty.fields == clean.fields and np.array_equal(faulty.lengths, clean.lengths)
+    assert faulty._remote.index.shards == clean._remote.index.shards
