@@ -1,9 +1,9 @@
 """A remote dataset's index derived from its shards, where no ``fastload-index.json`` is beside
-them: one listing, then for each Arrow IPC file or Parquet shard its footer and its length
-column, read by ranged GETs; never a whole shard.
+them: one listing, then for each shard what tells its fields and the length field's lengths,
+read by ranged GETs (one :meth:`Store.ranges` open per shard); never a whole shard.
 
-What planning reads, per shard: its last :data:`TAIL_BYTES` (one ranged GET: the Parquet or
-Arrow footer, with the schema and row counts; a footer larger than that costs one more), then
+What planning reads, per Arrow IPC or Parquet shard: its last :data:`TAIL_BYTES` (one ranged
+GET: the footer, with the schema and row counts; a longer footer costs one more), then
 
 * Parquet: the column chunks of the length field's column, one ranged GET per row group
   (a list's lengths are in its repetition levels, which are stored with its values, so the
@@ -12,13 +12,13 @@ Arrow footer, with the schema and row counts; a footer larger than that costs on
   its validity bitmap if it has nulls), one ranged GET each (``_ipc_offsets``): neither its
   values nor another column. A layout that module does not read falls back to pyarrow, which
   reads the length field's buffers, values too (``included_fields``).
-
 * HDF5 (``_discover_hdf5``): its metadata and each ragged field's ``offsets``, in aligned
   blocks of 64 KiB (a few requests for a shard in the fastload layout).
 
 Arrow IPC *streams* have no footer (finding their batches means reading them whole), and HDF5
 variable-length datasets keep their lengths with their values: both are refused with an error
-that names ``fastload index``.
+that names ``fastload index``, as are HTTP(S) folders, which cannot be listed.
+
 Checksums are unknown (``ShardEntry.sha256 is None``): the shard cache checks sizes only, and
 keys shards by size and the store's version of the object, so a rewritten object is fetched
 again. Shards are read by up to :data:`THREADS` threads, the store's requests being I/O.
@@ -53,7 +53,7 @@ from fastload.errors import DataFileNotFoundError, DataFormatError, FastloadErro
 TAIL_BYTES = 64 << 10
 #: At most this many shards are described at once.
 THREADS = 8
-_HDF5_SUFFIXES = (".h5", ".hdf5")
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")  # the readers' own (tested), which import this module: not imported
 _ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
@@ -85,11 +85,12 @@ def select_shards(url: str, listing: Sequence[ObjectInfo]) -> tuple[str, list[Ob
 
 
 def derive_index(store: Store, *, threads: int = THREADS) -> DatasetIndex:
-    """The index of the Arrow/Parquet shards under ``store`` (see the module text), from one
-    listing and their footers and length columns. Raises :class:`DataFileNotFoundError` naming
-    the URL for a folder without shards or of mixed formats, or of HDF5 shards (naming
-    ``fastload index``), and :class:`DataFormatError` naming the shard for one that is not an
-    Arrow IPC file or Parquet or whose fields differ from the first shard's."""
+    """The index of the shards under ``store`` (see the module text), from one listing and
+    their footers and length columns, described by up to ``threads`` threads. Raises
+    :class:`DataFileNotFoundError` naming the URL for a store that cannot be listed or a
+    folder without shards or of mixed formats, and :class:`DataFormatError` (or its
+    ``DataFileNotFoundError`` where only an index helps, naming ``fastload index``) naming the
+    shard for one that cannot be read so or whose fields differ from the first shard's."""
     where = store.join(INDEX_NAME)
     if not store.can_list:
         raise _no_index(where, f"{store.url} cannot be listed (HTTP), so its shards are found from an index only")
@@ -118,20 +119,23 @@ def _no_index(where: str, why: str) -> DataFileNotFoundError:
     )
 
 
-def index_without_file(store: Store | None, path: Path, folder: str, cached: bytes | None) -> DatasetIndex:
-    """The derived index of the dataset at ``folder``: ``cached`` (this node's copy at ``path``,
-    fresh) when given, else derived from ``store`` (:func:`derive_index`) and written to
-    ``path`` for the node's other processes and loaders. Warns once per process and folder
-    (:func:`warn_derived`). The caller holds the node's lock of the index."""
-    if cached is not None:
-        try:
-            index = DatasetIndex.from_json(cached, str(path))
-        except DataFormatError:
-            path.unlink(missing_ok=True)  # not kept: the next loader derives it again
-            raise
-        warn_derived(folder, len(index.shards), None)
-        return index
-    assert store is not None, "index_without_file: a store, or a cached index"
+def cached_derived_index(path: Path, folder: str, cached: bytes) -> DatasetIndex:
+    """The derived index of the dataset at ``folder`` from ``cached``, this node's copy at
+    ``path`` (deleted when damaged, so the next loader derives it again). Warns once per
+    process and folder (:func:`warn_derived`)."""
+    try:
+        index = DatasetIndex.from_json(cached, str(path))
+    except DataFormatError:
+        path.unlink(missing_ok=True)
+        raise
+    warn_derived(folder, len(index.shards), None)
+    return index
+
+
+def derived_index(store: Store, path: Path, folder: str) -> DatasetIndex:
+    """:func:`derive_index` of the dataset at ``folder``, written to ``path`` (atomically) for
+    the node's other processes and loaders; the caller holds the node's lock of the index.
+    Warns once per process and folder (:func:`warn_derived`)."""
     index, seconds = timed(lambda: derive_index(store))
     temporary = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}")
     temporary.write_bytes(index.to_json())
@@ -337,6 +341,15 @@ def timed(function: Callable[[], _T]) -> tuple[_T, float]:
 
 
 __all__ = [
-    "TAIL_BYTES", "THREADS", "RangeFile", "bounded_map", "derive_index", "describe", "index_without_file",
-    "select_shards", "timed", "warn_derived",
+    "TAIL_BYTES",
+    "THREADS",
+    "RangeFile",
+    "bounded_map",
+    "cached_derived_index",
+    "derive_index",
+    "derived_index",
+    "describe",
+    "select_shards",
+    "timed",
+    "warn_derived",
 ]  # fmt: skip

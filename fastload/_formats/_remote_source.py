@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from fastload._formats._discover_remote import index_without_file
+from fastload._formats._discover_remote import cached_derived_index, derived_index
 from fastload._remote import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload._remote._cache import ShardCache, parse_size
 from fastload._remote._store import Store, open_store
@@ -169,11 +169,11 @@ class RemoteSource:
                 derived = local.with_name(f"{digest}.derived.json")
                 cached = _fresh(derived)
                 if cached is not None:
-                    return index_without_file(None, derived, self.folder, cached)
+                    return cached_derived_index(derived, self.folder, cached)
                 try:
                     data = self.store().read(INDEX_NAME)
                 except StorageNotFoundError:
-                    return index_without_file(self.store(), derived, self.folder, None)
+                    return derived_index(self.store(), derived, self.folder)
                 temporary = local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}")
                 temporary.write_bytes(data)
                 os.replace(temporary, local)

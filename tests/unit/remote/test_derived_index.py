@@ -11,7 +11,13 @@ import time
 import numpy as np
 import pytest
 
-from fastload._formats._discover_remote import bounded_map, select_shards
+from fastload._formats._discover_remote import (
+    _ARROW_SUFFIXES,
+    _HDF5_SUFFIXES,
+    bounded_map,
+    select_shards,
+)
+from fastload._formats._indexing import SHARD_SUFFIXES
 from fastload._remote import DatasetIndex, ObjectInfo, ShardCache, ShardEntry
 from fastload._types import Field
 from fastload.errors import DataFileNotFoundError, DataFormatError
@@ -51,6 +57,11 @@ def test_shards_are_selected_as_a_local_folder_is() -> None:
     assert select_shards("s3://b/c/", listing) == ("arrow", [listing[1], listing[4], listing[0]])  # by path parts
     with pytest.raises(DataFileNotFoundError, match=r"s3://b/c/: holds no fastload-index\.json and 1 objects, none of them"):
         select_shards("s3://b/c/", [listing[3]])
+
+
+def test_the_shard_suffixes_are_the_readers_own() -> None:
+    # Copied (the readers import the remote source, which imports the discovery): kept equal.
+    assert _HDF5_SUFFIXES + _ARROW_SUFFIXES == SHARD_SUFFIXES
 
 
 def test_bounded_map_keeps_order_and_the_thread_bound() -> None:
