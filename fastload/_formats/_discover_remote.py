@@ -323,7 +323,7 @@ def warn_derived(folder: str, shards: int, seconds: float | None) -> None:
     how = (
         f"listed {shards} shards and read their footers and length columns in {seconds:.2f} s"
         if seconds is not None
-        else f"planned from {shards} shards' footers, derived by another process on this node"
+        else f"planned from this node's cached copy of the index derived from {shards} shards' footers"
     )
     warnings.warn(
         f"{folder}{INDEX_NAME} not found: {how}; an index starts faster and lets the shard "

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _token_files import write_token_file
 
 import fastload
+from fastload._formats import _discover_remote
 from fastload._formats._discover_remote import TAIL_BYTES
 from fastload._formats._indexing import build_index, write_index
 from fastload._remote import INDEX_NAME, open_store
@@ -120,7 +121,7 @@ def test_planned_from_footers_and_length_column_with_the_indexed_samples(
 
 
 def test_one_listing_per_node_for_two_loaders_with_two_workers(
-    s3_server: Any, bucket: str, shards: Path, tmp_path: Path
+    s3_server: Any, bucket: str, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     indexed_url = upload(s3_server, shards, bucket, "indexed", index=True)
     bare_url = upload(s3_server, shards, bucket, "bare", index=False)
@@ -138,6 +139,11 @@ def test_one_listing_per_node_for_two_loaders_with_two_workers(
     assert sum(1 for r in planning[0] if r.method == "GET" and "list-type" in r.query) == 1
     assert planning[1] == []  # the second loader planned from the node's cache of the derived index
     assert listings(s3_server) == 1 and shard_bytes_fetched(s3_server, shards, bare_url)[1] == SHARDS  # one download each
+    monkeypatch.setattr(_discover_remote, "_warned", set())  # as in another process of the node
+    s3_server.proxy.reset()
+    with pytest.warns(UserWarning, match=rf"planned from this node's cached copy of the index derived from {SHARDS} shards"):
+        fastload.ArrowDataset(bare_url, storage_options=s3_server.options, cache_dir=node)
+    assert s3_server.requests() == []
     indexed = fastload.ArrowDataset(indexed_url, fields=["ids", "label"], storage_options=s3_server.options, cache_dir=tmp_path / "i")
     for rank in range(2):
         sampler = fastload.LengthGroupedBatchSampler(indexed.lengths, max_tokens=1024, num_replicas=2, rank=rank, seed=3)
