@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from fastload._formats._discover_remote import cached_derived_index, derived_index
 from fastload._remote import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload._remote._cache import ShardCache, parse_size
 from fastload._remote._store import Store, open_store
@@ -128,7 +129,7 @@ class RemoteSource:
 
     def key(self, shard: int) -> str:
         entry = self.index.shards[shard]
-        return self.cache().key(self.folder, entry.path, entry.sha256)
+        return self.cache().key(self.folder, entry.path, entry.cache_version)
 
     def cached(self, shard: int) -> bool:
         return self.cache().contains(self.key(shard))
@@ -184,7 +185,9 @@ class RemoteSource:
 
     def _load_index(self) -> DatasetIndex:
         """The index, from this node's cache when fresh, else from the store (one GET; the
-        node's processes and loaders wait for one another instead of each asking)."""
+        node's processes and loaders wait for one another instead of each asking). Without an
+        index file, one derived from a listing and the shards' footers, cached alike
+        (``_discover_remote``)."""
         where = self.folder + INDEX_NAME
         digest = hashlib.sha256(where.encode()).hexdigest()[:32]
         local = self.cache_root / "indexes" / f"{digest}.json"
@@ -192,16 +195,14 @@ class RemoteSource:
         with lock(local.with_suffix(".lock"), timeout_s=600.0):
             data = _fresh(local)
             if data is None:
+                derived = local.with_name(f"{digest}.derived.json")
+                cached = _fresh(derived)
+                if cached is not None:
+                    return cached_derived_index(derived, self.folder, cached)
                 try:
                     data = self.store().read(INDEX_NAME)
-                except StorageNotFoundError as exc:
-                    raise DataFileNotFoundError(
-                        f"{where}: no index beside the shards; write one with `fastload index` "
-                        "(or `fastload convert -o URL`), which lists the shards and their "
-                        "lengths so that no process has to list the bucket or open a shard to "
-                        "plan an epoch",
-                        where,
-                    ) from exc
+                except StorageNotFoundError:
+                    return derived_index(self.store(), derived, self.folder)
                 temporary = local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}")
                 temporary.write_bytes(data)
                 os.replace(temporary, local)

@@ -4,7 +4,8 @@ on: its S3 client is the AWS SDK's, its GCS client google-cloud-cpp's."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastload._remote._download import check_download_args, download_ranges
@@ -117,6 +118,18 @@ class ArrowStore:
             _check_range(self.join(name), start, length, handle.size())
             read_at = self._reader(name, handle)
             return self._retrier.call(self.join(name), lambda: read_at(start, length))
+
+    @contextmanager
+    def ranges(self, name: str) -> Iterator[Callable[[int, int], bytes]]:
+        handle = self._open(name)
+        with handle:
+            read_at, size = self._reader(name, handle), handle.size()
+
+            def ranged(start: int, length: int) -> bytes:
+                _check_range(self.join(name), start, length, size)
+                return self._retrier.call(self.join(name), lambda: read_at(start, length))
+
+            yield ranged
 
     def download(
         self,

@@ -3,11 +3,13 @@ with ``Range`` for parts. A web server cannot be listed, so an HTTP(S) dataset n
 
 from __future__ import annotations
 
+import functools
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from fastload._remote._download import check_download_args, download_ranges
@@ -107,6 +109,10 @@ class HttpStore:
             raise ValueError(f"read_range({self.join(name)!r}, start={start}, length={length}): must be >= 0")
         read_at = self._reader(name, None)
         return self._retrier.call(self.join(name), lambda: read_at(start, length))
+
+    @contextmanager
+    def ranges(self, name: str) -> Iterator[Callable[[int, int], bytes]]:
+        yield functools.partial(self.read_range, name)  # HTTP opens nothing: each read is one GET
 
     def download(
         self,

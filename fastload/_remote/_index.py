@@ -33,12 +33,21 @@ KINDS = ("hdf5", "arrow")
 @dataclass(frozen=True)
 class ShardEntry:
     """One shard: ``path`` relative to the index (``/``-separated), its samples, bytes and
-    SHA-256 (hex)."""
+    SHA-256 (hex). ``sha256`` is ``None`` where it is unknown (an index derived from a listing,
+    without reading the shards whole); ``version`` is then the store's version of the object
+    (its mtime or ETag, ``""`` when none), so that a rewritten object gets another cache key."""
 
     path: str
     samples: int
     bytes: int
-    sha256: str
+    sha256: str | None
+    version: str = ""
+
+    @property
+    def cache_version(self) -> str:
+        """What tells this shard's content apart in cache keys: its checksum, else its size
+        and the store's version."""
+        return self.sha256 if self.sha256 is not None else f"size={self.bytes};version={self.version}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class DatasetIndex:
             "length_field": self.length_field,
             "shards": [
                 {"path": s.path, "samples": s.samples, "bytes": s.bytes, "sha256": s.sha256}
+                | ({"version": s.version} if s.version else {})
                 for s in self.shards
             ],
             "lengths": {
@@ -107,7 +117,13 @@ class DatasetIndex:
             }
             length_field = document["length_field"]
             shards = tuple(
-                ShardEntry(str(s["path"]), int(s["samples"]), int(s["bytes"]), str(s["sha256"]))
+                ShardEntry(
+                    str(s["path"]),
+                    int(s["samples"]),
+                    int(s["bytes"]),
+                    None if s["sha256"] is None else str(s["sha256"]),
+                    str(s.get("version", "")),
+                )
                 for s in document["shards"]
             )
             packed = document["lengths"]
@@ -139,7 +155,7 @@ class DatasetIndex:
                     f"{where}: shard path {shard.path!r} must be relative to the index, inside "
                     "its folder"
                 )
-            if shard.samples < 0 or shard.bytes < 0 or len(shard.sha256) != 64:
+            if shard.samples < 0 or shard.bytes < 0 or (shard.sha256 is not None and len(shard.sha256) != 64):
                 raise DataFormatError(f"{where}: shard {shard.path!r} has a bad count, size or sha256")
 
     def matching(self, names: Sequence[str]) -> DatasetIndex:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import NamedTuple, Protocol
 
 
@@ -55,6 +56,12 @@ class Store(Protocol):
     def read(self, name: str) -> bytes: ...
 
     def read_range(self, name: str, start: int, length: int) -> bytes: ...
+
+    def ranges(self, name: str) -> AbstractContextManager[Callable[[int, int], bytes]]:
+        """A reader of object ``name`` while the ``with`` block runs: ``read_at(start,
+        length)`` returns exactly those bytes, one ranged GET each, retried as
+        :meth:`read_range` is; the object is opened once (on S3, one HEAD for all reads)."""
+        ...
 
     def download(
         self,

@@ -154,9 +154,6 @@ def test_arrow_shards_too(s3_server: Any, bucket: str, tmp_path: Path) -> None:
 
 
 def test_clear_errors(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
-    s3_server.put(f"{bucket}/bare/part-00000.h5", (corpus / "part-00000.h5").read_bytes())
-    with pytest.raises(DataFileNotFoundError, match=r"bare/fastload-index\.json: no index beside the shards; write one with `fastload index`"):
-        fastload.HDF5Dataset(f"s3://{bucket}/bare/", storage_options=s3_server.options, cache_dir=tmp_path)
     url = upload(s3_server, corpus, bucket)
     with pytest.raises(ValueError, match=r"indexes hdf5 shards; read them with HDF5Dataset"):
         fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
