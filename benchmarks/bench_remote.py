@@ -17,13 +17,16 @@ longest sample with a mask, with 2 worker processes.
 * **fastload**: ``ArrowDataset(url, cache_dir=, cache_limit=)`` and
   ``DataLoader(batch_size=, length_grouped=True, shuffle_shards=K, num_workers=2)``; cache limits
   of 100 %, 25 % and 10 % of the shards' bytes, a fresh cache directory for epoch 1 (cold), the
-  same loader and directory for epoch 2 (warm).
+  same loader and directory for epoch 2 (warm); and the same loader over the shards on local
+  disk, the reference for what the cache can give at best.
 * **torch, per sample**: torch's DataLoader over a map-style Dataset whose ``__getitem__`` opens
   the sample's shard with ``pyarrow.fs.S3FileSystem`` and reads the record batch holding it (one
   client per worker, nothing cached): a fixed number of shuffled samples, not an epoch (it
   would take an hour).
 * **Streaming**: ``StreamingDataset(remote="s3://BUCKET/mds/", local=DIR, batch_size=,
-  shuffle=True)`` with ``S3_ENDPOINT_URL`` pointing at the proxy, in torch's DataLoader. Its
+  shuffle=True)`` with ``S3_ENDPOINT_URL`` pointing at the proxy, in torch's DataLoader with
+  ``num_workers=0`` (with 2 workers, two of them downloaded the same shard and one read it
+  half-written; see ``run_streaming``). Its
   ``streaming.vision`` module imports torchvision, which the text path never uses: the harness
   puts an empty module in its place before importing ``streaming`` (and says so in its output).
   Not installed (the test suite's run), its rows are skipped with the reason printed.
@@ -460,7 +463,7 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
     if streaming is not None and corpus.mds_url is None:
         streaming, why_not = None, "streaming imported after the corpus was written"
     token_sum, total = corpus.token_sum, size.shards * size.samples_per_shard
-    label = {limit: f"{limit:.0%}" for limit in size.limits}
+    label = {limit: f"{limit * 100:.0f} %" for limit in size.limits}
 
     fast: dict[float, list[list[Epoch]]] = {limit: [] for limit in size.limits}
     ours: list[list[Epoch]] = []
@@ -493,17 +496,17 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
 
     rows: list[dict[str, Any]] = []
     for e in range(2):
-        rows.append(_row("fastload, shards on local disk", "-", e + 1, [r[e] for r in near], near_stepped[e]))
+        rows.append(_row("fastload, shards on local disk (reference)", "-", e + 1, [r[e] for r in near], near_stepped[e]))
     for limit in size.limits:
         for e in range(2):
             rows.append(_row("fastload", label[limit], e + 1, [r[e] for r in fast[limit]], fast_stepped[limit][e]))
     if streaming is not None and ours_stepped is not None:
         for e in range(2):
-            rows.append(_row("Streaming", "none", e + 1, [r[e] for r in ours], ours_stepped[e]))
+            rows.append(_row("Streaming, 1 process", "none", e + 1, [r[e] for r in ours], ours_stepped[e]))
     rows.append(_row("torch, per sample", "-", 1, torch_runs, torch_stepped))
-    reference = _median_of(rows, "Streaming", "none", 1)
+    reference = _median_of(rows, "Streaming, 1 process", "none", 1)
     for row in rows:
-        full = _median_of(rows, "fastload", "100%", row["epoch"]) if row["loader"] == "fastload" else None
+        full = _median_of(rows, "fastload", "100 %", row["epoch"]) if row["loader"] == "fastload" else None
         row["vs_streaming_1"] = None if reference is None else row["samples_per_s"] / reference
         row["vs_fastload_100"] = None if full is None else row["samples_per_s"] / full
 
