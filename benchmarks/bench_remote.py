@@ -391,7 +391,8 @@ def run_streaming(streaming: Any, corpus: Corpus, size: Size, server: Server, lo
         remote=corpus.mds_url, local=str(local), batch_size=size.batch_size, shuffle=True, shuffle_seed=0
     )
     # num_workers=0: with torch's 2 workers, two processes downloaded the same shard and one read
-    # it half-written (IndexError / ValueError in decode; a shard GET twice in the proxy's log);
+    # it half-written (IndexError / ValueError in decode; a shard GET twice in the proxy's log),
+    # though they read the same files right with a local folder as ``remote``;
     # in one process Streaming's own threads download ahead of the reads and the reads are right.
     loader = torch.utils.data.DataLoader(dataset, batch_size=size.batch_size, num_workers=0, collate_fn=_streaming_collate)
     epochs: list[Epoch] = []
