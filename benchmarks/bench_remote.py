@@ -12,31 +12,33 @@ The data: variable-length int32 token sequences (lognormal lengths) written as A
 with ``fastload index``'s index, uploaded under ``s3://BUCKET/arrow/``; the same samples written
 by Streaming's ``MDSWriter`` (``ndarray:int32``, no compression, shards of about the same size)
 under ``s3://BUCKET/mds/``. All loaders yield batches of the same size, padded to the batch's
-longest sample with a mask, with 2 worker processes.
+longest sample with a mask, with 2 worker processes (Streaming: see below).
 
 * **fastload**: ``ArrowDataset(url, cache_dir=, cache_limit=)`` and
   ``DataLoader(batch_size=, length_grouped=True, shuffle_shards=K, num_workers=2)``; cache limits
-  of 100 %, 25 % and 10 % of the shards' bytes, a fresh cache directory for epoch 1 (cold), the
+  of 100 %, 25 % and 10 % of the shards' bytes with K = 2, and 10 % with K = 1 (a group of two
+  shards fills a cache of 2.4 and leaves no room to fetch ahead), a fresh cache directory for
+  epoch 1 (cold), the
   same loader and directory for epoch 2 (warm); and the same loader over the shards on local
   disk, the reference for what the cache can give at best.
 * **torch, per sample**: torch's DataLoader over a map-style Dataset whose ``__getitem__`` opens
   the sample's shard with ``pyarrow.fs.S3FileSystem`` and reads the record batch holding it (one
-  client per worker, nothing cached): a fixed number of shuffled samples, not an epoch (it
-  would take an hour).
+  client per worker, nothing cached): a fixed number of shuffled samples, not an epoch (at the
+  full size one would take half an hour).
 * **Streaming**: ``StreamingDataset(remote="s3://BUCKET/mds/", local=DIR, batch_size=,
   shuffle=True)`` with ``S3_ENDPOINT_URL`` pointing at the proxy, in torch's DataLoader with
   ``num_workers=0`` (with 2 workers, two of them downloaded the same shard and one read it
-  half-written; see ``run_streaming``). Its
-  ``streaming.vision`` module imports torchvision, which the text path never uses: the harness
-  puts an empty module in its place before importing ``streaming`` (and says so in its output).
+  half-written; see ``run_streaming``). Its ``streaming.vision`` module imports torchvision,
+  which the text path never uses: the harness puts an empty module in its place before
+  importing ``streaming`` (and says so in its output).
   Not installed (the test suite's run), its rows are skipped with the reason printed.
 
 Measured per configuration: samples/s of an epoch consumed as fast as it comes (wall time from
 ``iter()`` to the end, first batch included); the stall at a 10 ms step (a ``time.sleep`` per
 batch; the caller's clock around each ``next()``: wait / (wait + step) after the first batch);
 time to the first batch; MB and GETs the proxy served. ``--size smoke`` (default) checks what
-can fail in seconds: the remote loader yields exactly the local loader's batches, and epoch 2
-with a full cache sends no GET for a shard.
+can fail in seconds: the remote loader yields exactly the local loader's batches, epoch 1
+fetches each shard once, and epoch 2 with a full cache sends no request at all.
 """
 
 from __future__ import annotations
@@ -84,16 +86,18 @@ class Size:
     median_length: int
     max_length: int
     batch_size: int
-    limits: tuple[float, ...]  # cache limits as shares of the shards' bytes
-    shuffle_shards: int
+    # (cache limit as a share of the shards' bytes, shuffle_shards); the first is the baseline
+    limits: tuple[tuple[float, int], ...]
+    shuffle_shards: int  # of the correctness check and the local reference
     rounds: int  # epoch-1/epoch-2 pairs without a step, per cache limit (median)
     torch_samples: int
     torch_stall: bool  # also time the per-sample loader at the 10 ms step
 
 
 SIZES = {
-    "smoke": Size(4, 300, 64, 256, 32, (1.0,), 2, 1, 16, False),
-    "full": Size(24, 1500, 512, 4096, 64, (1.0, 0.25, 0.10), 2, 3, 256, True),
+    "smoke": Size(4, 300, 64, 256, 32, ((1.0, 2),), 2, 1, 16, False),
+    # 10 % is 2.4 shards: with K = 2 the group being read fills it, K = 1 leaves room ahead.
+    "full": Size(24, 1500, 512, 4096, 64, ((1.0, 2), (0.25, 2), (0.10, 2), (0.10, 1)), 2, 3, 256, True),
 }
 
 
@@ -290,7 +294,9 @@ def pad_collate(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 # -- the three loaders ------------------------------------------------------------------------------
 
 
-def fastload_loader(corpus: Corpus, server: Server, size: Size, cache: Path, limit: float) -> fastload.DataLoader:
+def fastload_loader(
+    corpus: Corpus, server: Server, size: Size, cache: Path, limit: float, shuffle_shards: int
+) -> fastload.DataLoader:
     dataset = fastload.ArrowDataset(
         corpus.url,
         storage_options={"endpoint_override": server.endpoint},
@@ -298,7 +304,7 @@ def fastload_loader(corpus: Corpus, server: Server, size: Size, cache: Path, lim
         cache_limit=None if limit >= 1 else int(corpus.shard_bytes * limit),
     )
     return fastload.DataLoader(
-        dataset, batch_size=size.batch_size, length_grouped=True, shuffle_shards=size.shuffle_shards,
+        dataset, batch_size=size.batch_size, length_grouped=True, shuffle_shards=shuffle_shards,
         num_workers=WORKERS, seed=0,
     )  # fmt: skip
 
@@ -317,12 +323,12 @@ def run_local(corpus: Corpus, size: Size, step_s: float) -> list[Epoch]:
 
 
 def run_fastload(
-    corpus: Corpus, server: Server, size: Size, cache: Path, limit: float, step_s: float
+    corpus: Corpus, server: Server, size: Size, cache: Path, config: tuple[float, int], step_s: float
 ) -> list[Epoch]:
     """Epoch 1 on an empty cache, epoch 2 on the same loader and cache."""
     shutil.rmtree(cache, ignore_errors=True)
     epochs: list[Epoch] = []
-    loader = fastload_loader(corpus, server, size, cache, limit)
+    loader = fastload_loader(corpus, server, size, cache, *config)
     for _ in range(2):
         mark = len(server.proxy.requests())
         epochs.append(consume(loader, step_s))
@@ -413,7 +419,7 @@ def test_remote_batches_equal_local_and_a_full_cache_downloads_nothing_in_epoch_
     """Correctness of what the table times: both epochs give exactly the batches of the same
     loader over the shards on local disk; epoch 2 with a full cache sends no GET."""
     size = SIZES[bench_size]
-    remote = fastload_loader(corpus, server, size, tmp_path / "cache", 1.0)
+    remote = fastload_loader(corpus, server, size, tmp_path / "cache", 1.0, size.shuffle_shards)
     local = local_loader(corpus, size, workers=0)
     for epoch in range(2):
         mark = len(server.proxy.requests())
@@ -464,9 +470,12 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
     if streaming is not None and corpus.mds_url is None:
         streaming, why_not = None, "streaming imported after the corpus was written"
     token_sum, total = corpus.token_sum, size.shards * size.samples_per_shard
-    label = {limit: f"{limit * 100:.0f} %" for limit in size.limits}
+    label = {
+        c: f"{c[0] * 100:.0f} %" + ("" if c[1] == size.limits[0][1] else f", shuffle_shards={c[1]}")
+        for c in size.limits
+    }
 
-    fast: dict[float, list[list[Epoch]]] = {limit: [] for limit in size.limits}
+    fast: dict[tuple[float, int], list[list[Epoch]]] = {c: [] for c in size.limits}
     ours: list[list[Epoch]] = []
     near: list[list[Epoch]] = []
     for _ in range(size.rounds):  # interleaved: each round runs every configuration once
@@ -474,7 +483,7 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
         _progress("fastload, local disk", near[-1])
         for limit in size.limits:
             fast[limit].append(run_fastload(corpus, server, size, tmp_path / "cache", limit, 0.0))
-            _progress(f"fastload {limit:.0%}", fast[limit][-1])
+            _progress(f"fastload {label[limit]}", fast[limit][-1])
         if streaming is not None:
             ours.append(run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", 0.0))
             _progress("Streaming", ours[-1])
@@ -491,8 +500,8 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
     if ours_stepped is not None:
         assert all((e.samples, e.token_sum) == (total, token_sum) for e in ours_stepped)
     # Epoch 2 with a full cache downloads nothing: no GET at all.
-    if 1.0 in fast:
-        for epochs in [*fast[1.0], fast_stepped[1.0]]:
+    for config in (c for c in size.limits if c[0] >= 1):
+        for epochs in [*fast[config], fast_stepped[config]]:
             assert (epochs[1].gets, epochs[1].mb) == (0, 0.0)
 
     rows: list[dict[str, Any]] = []
@@ -513,7 +522,7 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
 
     print(f"\nbench_remote ({bench_size}): {total:,} samples, {size.shards} Arrow shards, {corpus.shard_bytes / 1e6:.1f} MB;"
           f" batch {size.batch_size}, {WORKERS} workers, {LATENCY_S * 1e3:.0f} ms per request at the proxy;"
-          f" fastload shuffle_shards={size.shuffle_shards}; medians of {size.rounds} round(s) without a step")
+          f" fastload shuffle_shards={size.limits[0][1]} unless said; medians of {size.rounds} round(s) without a step")
     if streaming is None:
         print(f"Streaming: skipped: {why_not}")
     else:
