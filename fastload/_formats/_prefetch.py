@@ -203,8 +203,11 @@ class ShardPrefetcher:
         )
         if used - freeable + need > limit:
             return False
-        cache.make_room(need, uses)
-        return True
+        # Downloads in flight may publish between the count above and the eviction: bounded by
+        # ``later_than``, the eviction then leaves it short instead of dropping a shard needed
+        # sooner (which would be fetched twice in the epoch).
+        cache.make_room(need, uses, later_than=next_use)
+        return cache.usage() + need <= limit
 
     def _start(self, shard: int) -> None:
         with self._lock:

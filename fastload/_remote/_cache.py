@@ -241,10 +241,15 @@ class ShardCache:
         finally:
             held.release()
 
-    def make_room(self, need: int, next_use: Mapping[str, float]) -> list[str]:
+    def make_room(
+        self, need: int, next_use: Mapping[str, float], *, later_than: float = -math.inf
+    ) -> list[str]:
         """Evict complete shards until ``usage() + need <= limit`` or nothing more may go, in
         :func:`eviction_order` of ``next_use`` (key → when the plan next reads it, in any
         increasing unit; absent means never), and return the evicted keys in that order.
+        Only shards whose next use is later than ``later_than`` may go: making room for a
+        shard the plan reads at ``later_than`` never drops one it reads sooner, even when the
+        cache has grown since the caller counted what it could free.
 
         A shard being pinned or downloaded is skipped and stays counted, so the limit may be
         exceeded by the shards in use at that moment; with ``limit=None`` nothing is evicted.
@@ -261,7 +266,7 @@ class ShardCache:
             shards = self._shards()
             excess = sum(shards.values()) + need - self.limit
             for key in eviction_order(list(shards), next_use):
-                if excess <= 0:
+                if excess <= 0 or next_use.get(key, math.inf) <= later_than:
                     break
                 freed = self._evict(key)
                 if freed is not None:

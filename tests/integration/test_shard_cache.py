@@ -343,6 +343,15 @@ def test_eviction_drops_the_never_needed_then_the_furthest_until_the_need_fits(t
     assert _files(cache.root) == ["b"]
 
 
+def test_eviction_for_a_shard_keeps_the_shards_needed_no_later_than_it(tmp_path: Path) -> None:
+    cache = _filled(tmp_path, {k: 1000 for k in "abcde"}, limit=5000)
+    next_use = {"a": 5.0, "b": 1.0, "c": 9.0, "e": 4.0}  # d: never again
+    # 3,500 bytes would need e too, but e is read at 4.0, no later than the shard made room for
+    assert cache.make_room(3500, next_use, later_than=4.0) == ["d", "c", "a"]
+    assert _files(cache.root) == ["b", "e"] and cache.usage() + 3500 > (cache.limit or 0)
+    assert cache.make_room(4000, next_use, later_than=0.5) == ["e"]  # read after 0.5: may go
+
+
 def test_eviction_breaks_ties_by_key(tmp_path: Path) -> None:
     cache = _filled(tmp_path, {k: 1000 for k in ["q", "p", "s", "r"]}, limit=4000)
     assert cache.make_room(2000, {"q": 3.0, "p": 3.0}) == ["r", "s"]

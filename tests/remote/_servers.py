@@ -115,7 +115,9 @@ class MotoServer:
 
 class LoggedRequest(NamedTuple):
     """One request as the proxy saw it; ``fault`` is None, ``"status"`` (answered by the proxy
-    with an error status, not forwarded) or ``"drop"`` (forwarded, reply cut short)."""
+    with an error status, not forwarded) or ``"drop"`` (forwarded, reply cut short).
+    ``body_bytes`` counts the bytes of the reply's body the proxy sent (what the client
+    downloaded)."""
 
     method: str
     path: str
@@ -123,6 +125,7 @@ class LoggedRequest(NamedTuple):
     range: str | None
     status: int
     fault: str | None
+    body_bytes: int = 0
 
 
 @dataclass
@@ -194,8 +197,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         entry = LoggedRequest(self.command, path, query, self.headers.get("Range"), status, fault)
         if fault == "status":
-            proxy.record(entry)
             reply = b"" if self.command == "HEAD" else _error_body(status)
+            proxy.record(entry._replace(body_bytes=len(reply)))
             self.send_response_only(status)
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(reply)))
@@ -215,7 +218,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
             headers = response.getheaders()
         finally:
             upstream.close()
-        proxy.record(entry._replace(status=response.status))
+        sent = 0 if self.command == "HEAD" or (fault == "drop" and not payload) else len(payload)
+        proxy.record(entry._replace(status=response.status, body_bytes=sent // 2 if fault == "drop" else sent))
         self.send_response_only(response.status, response.reason)
         for name, value in headers:
             if name.lower() not in _HOP_BY_HOP:
