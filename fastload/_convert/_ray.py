@@ -48,9 +48,13 @@ R = TypeVar("R")
 
 #: Times a task is retried after its worker process died (Ray's ``max_retries``).
 MAX_RETRIES = 3
-#: Chunks per Ray Data execution: bounds what the driver holds (about this many times
-#: ``block_bytes``) while giving each execution enough tasks to fill a cluster.
-WINDOW_CHUNKS = 256
+#: Pickled input bytes per Ray task (whole chunks, so at least one chunk): a task costs Ray
+#: Data about 20 ms and a 1 MB chunk about 10 ms of bytes tokenization, so tasks carry several
+#: chunks (``benchmarks/README.md``, Conversion on Ray).
+TASK_BYTES = 8 << 20
+#: Tasks per Ray Data execution: bounds what the driver holds (about this many times
+#: :data:`TASK_BYTES`) while giving each execution enough tasks to fill a cluster.
+WINDOW_TASKS = 32
 #: Seconds between checks of the shard tasks (each check also refreshes the progress bar).
 POLL_S = 0.5
 #: Test hook: a path prefix; the first attempt of chunk 0's task and of shard 0's task each
@@ -93,26 +97,48 @@ def _function_for(setup: Any) -> Callable[[Any], Any]:
     return _functions[key]
 
 
-def _outcome(function: Callable[[Any], Any], item: Any) -> bytes:
+def _outcome(function: Callable[[Any], Any], item: Any) -> tuple[bool, Any]:
     try:
-        return pickle.dumps((True, function(item)), protocol=5)
+        return True, function(item)
     except Exception as exc:  # re-raised by the driver at this chunk's turn
         try:
-            return pickle.dumps((False, exc), protocol=5)
+            pickle.dumps(exc)
         except Exception:  # an exception that does not pickle: keep its type's name and text
-            return pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+            return False, RuntimeError(f"{type(exc).__name__}: {exc}")
+        return False, exc
 
 
 def _map_batch(
     batch: dict[str, np.ndarray], *, setup: list[Any], kill: str | None
 ) -> dict[str, list[Any]]:
-    """Ray Data's function: each row's chunk through the conversion's function."""
+    """Ray Data's function: each row's chunks, numbered from ``first``, through the
+    conversion's function; outcomes stop at the first failure, which the driver raises."""
     function = _function_for(setup[0])
     results = []
-    for number, payload in zip(batch["item"], batch["payload"], strict=True):
-        _kill_once(kill, "map", int(number))
-        results.append(_outcome(function, pickle.loads(payload)))
-    return {"item": list(batch["item"]), "result": results}
+    for first, payload in zip(batch["first"], batch["payload"], strict=True):
+        outcomes = []
+        for number, item in enumerate(pickle.loads(payload), start=int(first)):
+            _kill_once(kill, "map", number)
+            outcomes.append(_outcome(function, item))
+            if not outcomes[-1][0]:
+                break
+        results.append(pickle.dumps(outcomes, protocol=5))
+    return {"first": list(batch["first"]), "result": results}
+
+
+def _groups(items: Iterable[Any]) -> Iterator[tuple[int, bytes]]:
+    """``(number of the first chunk, pickled list of chunks)`` of about :data:`TASK_BYTES`."""
+    first = 0
+    group: list[Any] = []
+    size = 0
+    for item in items:
+        group.append(item)
+        size += len(pickle.dumps(item, protocol=5))
+        if size >= TASK_BYTES:
+            yield first, pickle.dumps(group, protocol=5)
+            first, group, size = first + len(group), [], 0
+    if group:
+        yield first, pickle.dumps(group, protocol=5)
 
 
 def _write_shard_task(job: ShardJob, kill: str | None) -> ShardCounts:
@@ -136,26 +162,21 @@ class RayEngine:
         self.submitted = 0
 
     def status(self) -> str:
-        return f"{self.done:,} tasks done, {self.submitted - self.done:,} left"
+        return f"{self.done:,} Ray tasks done, {self.submitted - self.done:,} queued"
 
     def map(
         self, make: Callable[[Any], Callable[[T], R]], argument: Any, items: Iterable[T]
     ) -> Iterator[R]:
         setup = [self.ray.put((make, argument))]  # once per conversion, not per task
-        numbers = itertools.count()
-        iterator = iter(items)
-        while window := list(itertools.islice(iterator, WINDOW_CHUNKS)):
-            rows = [
-                {"item": next(numbers), "payload": pickle.dumps(item, protocol=5)}
-                for item in window
-            ]
+        groups = _groups(items)
+        while window := list(itertools.islice(groups, WINDOW_TASKS)):
+            rows = [{"first": first, "payload": payload} for first, payload in window]
             del window
             self.submitted += len(rows)
             yield from self._run_window(rows, setup)
 
     def _run_window(self, rows: list[dict[str, Any]], setup: list[Any]) -> Iterator[Any]:
-        data = self.ray.data
-        dataset = data.from_items(rows, override_num_blocks=len(rows))
+        dataset = self.ray.data.from_items(rows, override_num_blocks=len(rows))
         dataset.context.execution_options.preserve_order = True
         dataset.context.enable_progress_bars = False
         with warnings.catch_warnings():
@@ -169,24 +190,23 @@ class RayEngine:
                 fn_kwargs={"setup": setup, "kill": self.kill},
                 max_retries=MAX_RETRIES,
             )
-        expected = rows[0]["item"]
+        expected = rows[0]["first"]
         try:
-            for row in dataset.iter_rows():
-                if int(row["item"]) != expected:  # never trust completion order
-                    raise RuntimeError(f"Ray Data returned chunk {row['item']}, expected {expected}")
-                expected += 1
+            for row, sent in itertools.zip_longest(dataset.iter_rows(), rows):
+                if row is None or sent is None or int(row["first"]) != expected:
+                    got = "nothing" if row is None else f"chunk {row['first']}"
+                    raise RuntimeError(f"Ray Data returned {got}, expected chunk {expected}")
                 self.done += 1
-                ok, value = pickle.loads(row["result"])
-                if not ok:
-                    raise value
-                yield value
+                for ok, value in pickle.loads(row["result"]):
+                    if not ok:
+                        raise value
+                    expected += 1
+                    yield value
         except self.ray.exceptions.RayError as exc:
             raise WorkerCrashedError(
                 f"a Ray task failed {MAX_RETRIES + 1} times while converting chunk {expected} "
                 f"({type(exc).__name__}: {' '.join(str(exc).split())[:500]}); see the Ray logs"
             ) from exc
-        if expected != rows[-1]["item"] + 1:
-            raise RuntimeError(f"Ray Data returned {expected - rows[0]['item']} of {len(rows)} chunks")
 
     def write_shards(self, jobs: Sequence[ShardJob]) -> list[ShardCounts]:
         task = self.ray.remote(max_retries=MAX_RETRIES, num_cpus=1)(_write_shard_task)

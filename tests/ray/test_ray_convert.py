@@ -25,15 +25,15 @@ pytest.importorskip("ray.data")
 #: Ray's own deprecation notices about its internal settings are not ours to act on.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")
 
-#: Small chunks and windows, so that a few hundred kB of input make dozens of Ray tasks over
-#: several Ray Data executions.
+#: Small chunks, tasks and windows, so that a few hundred kB of input make dozens of Ray tasks of
+#: a few chunks each, over several Ray Data executions.
 BLOCK_BYTES = 8 << 10
-WINDOW_CHUNKS = 6
 
 
 @pytest.fixture(autouse=True)
-def _small_windows(ray_cluster: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_ray, "WINDOW_CHUNKS", WINDOW_CHUNKS)
+def _small_tasks(ray_cluster: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_ray, "TASK_BYTES", 3 * BLOCK_BYTES)
+    monkeypatch.setattr(_ray, "WINDOW_TASKS", 4)
 
 
 def files(folder: Path) -> dict[str, bytes]:

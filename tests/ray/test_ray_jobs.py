@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 import pytest
+from test_remote_cli import objects  # tests/remote is on the path (conftest.py)
 
 from fastload._convert._convert import convert
 from fastload._convert._options import ConvertOptions
@@ -90,16 +90,6 @@ def test_a_job_killed_mid_conversion_publishes_nothing_and_a_rerun_completes_it(
     assert len(json.loads((tmp_path / "ray" / INDEX_NAME).read_text())["shards"]) == 8
 
 
-def _objects(server: Any, folder: str) -> dict[str, bytes]:
-    fs = server.filesystem()
-    found = fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
-    return {
-        f.path[len(folder) + 1 :]: fs.open_input_file(f.path).readall()
-        for f in found
-        if f.type == pafs.FileType.File
-    }
-
-
 def test_an_s3_output_holds_the_local_conversions_objects(
     ray_cluster: str, s3_server: Any, bucket: str, tmp_path: Path
 ) -> None:
@@ -110,7 +100,7 @@ def test_an_s3_output_holds_the_local_conversions_objects(
     endpoint = f"endpoint_override={s3_server.endpoint}"
     url = f"s3://{bucket}/corpus/"
     assert main(["convert", *common, "-o", url, "--storage-option", endpoint, "--engine", "ray"]) == 0
-    stored = _objects(s3_server, f"{bucket}/corpus")
+    stored = objects(s3_server, f"{bucket}/corpus")
     local = {p.name: p.read_bytes() for p in tmp_path.glob("corpus-*.h5")}
     assert sorted(stored) == sorted([*local, INDEX_NAME]) and len(local) == 5
     assert {n: stored[n] for n in local} == local
