@@ -119,7 +119,7 @@ def _map_batch(
         outcomes = []
         for number, item in enumerate(pickle.loads(payload), start=int(first)):
             _kill_once(kill, "map", number)
-            outcomes.append(_outcome(function, item))
+            outcomes.append(_outcome(function, pickle.loads(item)))
             if not outcomes[-1][0]:
                 break
         results.append(pickle.dumps(outcomes, protocol=5))
@@ -127,13 +127,14 @@ def _map_batch(
 
 
 def _groups(items: Iterable[Any]) -> Iterator[tuple[int, bytes]]:
-    """``(number of the first chunk, pickled list of chunks)`` of about :data:`TASK_BYTES`."""
+    """``(number of the first chunk, pickled list of pickled chunks)`` of about
+    :data:`TASK_BYTES`; each chunk is pickled once, which also measures it."""
     first = 0
-    group: list[Any] = []
+    group: list[bytes] = []
     size = 0
     for item in items:
-        group.append(item)
-        size += len(pickle.dumps(item, protocol=5))
+        group.append(pickle.dumps(item, protocol=5))
+        size += len(group[-1])
         if size >= TASK_BYTES:
             yield first, pickle.dumps(group, protocol=5)
             first, group, size = first + len(group), [], 0
@@ -214,7 +215,11 @@ class RayEngine:
         self.submitted += len(pending)
         counts: list[ShardCounts | None] = [None] * len(jobs)
         total = sum(spool.path.stat().st_size for job in jobs for spool in job.values.values())
-        with Progress(description="writing shards", total_bytes=total, enabled=self.progress) as bar:
+        with (
+            Progress(description="writing shards", total_bytes=total, enabled=self.progress) as bar,
+            contextlib.ExitStack() as cleanup,
+        ):
+            cleanup.callback(lambda: [self.ray.cancel(ref, force=True) for ref in pending])
             while pending:
                 ready, _ = self.ray.wait(list(pending), num_returns=1, timeout=POLL_S)
                 for ref in ready:
