@@ -28,8 +28,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: A tokenizer that is slow while the file ``slow`` lies beside it, so that the job is surely
-#: mid-way when it is killed, and fast for the runs that check the result.
+#: A tokenizer that is slow while the file ``slow`` lies beside it (and then says it has
+#: started, in ``started``), so that the job is surely mid-way when it is killed, and fast for
+#: the runs that check the result.
 SLOW_TOKENIZER = """\
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ SLOW = Path(__file__).with_name("slow")
 
 def tok(text):
     if SLOW.exists():
+        SLOW.with_name("started").touch()
         time.sleep(0.003)
     return [len(word) for word in text.split()]
 """
@@ -66,10 +68,11 @@ def test_a_job_killed_mid_conversion_publishes_nothing_and_a_rerun_completes_it(
         stderr=subprocess.PIPE,
     )
     temp = tmp_path / "ray" / f".out.h5.fastload-tmp-{job.pid}"
+    assert not (tmp_path / "started").exists()
     deadline = time.monotonic() + 60
-    while not list(temp.glob("spool-*")):  # samples are arriving: the job is mid-way
+    while not (tmp_path / "started").exists():  # a Ray task is tokenizing: the job is mid-way
         assert job.poll() is None, job.stderr.read() if job.stderr else ""
-        assert time.monotonic() < deadline, "the job never started writing"
+        assert time.monotonic() < deadline, "the job never started tokenizing"
         time.sleep(0.02)
     job.send_signal(signal.SIGKILL)
     job.wait(timeout=30)
