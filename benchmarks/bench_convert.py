@@ -11,6 +11,13 @@ crash safety needs, are part of its time). Inputs:
 * **JSON Lines** with a text field (bytes tokenization), against the same baseline plus
   ``json.loads`` per line, in this process and with ``--workers 2``.
 
+And ``--engine ray`` (``test_ray_engine_against_the_local_converter``, ``--size full`` only:
+starting Ray costs CI more than its 15 s budget): 40 MB of JSON Lines, bytes and whitespace
+tokenization, through a local Ray instance of 1 and then 2 CPUs, against the local converter
+(``--workers 0`` and ``2``) timed in the same interleaved rounds, each Ray output checked
+byte-identical to the local one; and what starting and stopping the Ray instance costs, which
+``--engine ray`` without ``--ray-address`` pays per run.
+
 Line lengths are lognormal (median about 100 bytes). Every figure is the median of several
 rounds, interleaved so that noise hits both sides alike; every output is checked to hold exactly
 the baseline's samples.
@@ -22,6 +29,7 @@ Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_convert.py -s -p no:cac
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -170,3 +178,84 @@ def test_conversion_speed_against_plain_python(
         rounds=1,
         iterations=1,
     )
+
+
+#: Input bytes of the Ray comparison (``--size full``), and its rounds.
+RAY_BYTES, RAY_ROUNDS = 40_000_000, 3
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:ray")  # Ray's notes about its own settings
+def test_ray_engine_against_the_local_converter(
+    tmp_path: Path, capsys: Any, bench_size: str
+) -> None:
+    if bench_size != "full":
+        pytest.skip("starting Ray costs CI more than its 15 s budget; run with --size full")
+    ray = pytest.importorskip("ray")
+    source = tmp_path / "lines.jsonl"
+    source.write_text("".join(json.dumps({"text": line}) + "\n" for line in _lines(RAY_BYTES)))
+    mb = source.stat().st_size / 1e6
+    rows: list[list[str]] = []
+    overhead: dict[str, float] = {}
+    results: dict[str, float] = {}
+    for cpus in (1, 2):
+        started = time.perf_counter()
+        ray.init(
+            num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR
+        )
+        overhead[f"start, {cpus} CPUs"] = time.perf_counter() - started
+        for tokenizer in ("bytes", "whitespace"):
+            runs = {
+                "local": _converter(tokenizer, "local", 0),
+                "local --workers 2": _converter(tokenizer, "local", 2),
+                "ray": _converter(tokenizer, "ray", 0),
+            }
+            # One name in two folders: the vocabulary's file name is recorded in the shards.
+            outs = {name: tmp_path / name.split()[0] / "out.h5" for name in runs}
+            for out in outs.values():
+                out.parent.mkdir(exist_ok=True)
+            first = _seconds(runs["ray"], source, outs["ray"])  # Ray's workers start here
+            seconds: dict[str, list[float]] = {name: [] for name in runs}
+            for _ in range(RAY_ROUNDS):
+                for name, run in runs.items():
+                    seconds[name].append(_seconds(run, source, outs[name]))
+            assert outs["ray"].read_bytes() == outs["local"].read_bytes()
+            rate = {name: mb / float(np.median(times)) for name, times in seconds.items()}
+            results |= {f"{tokenizer}, {name}, Ray {cpus} CPUs": r for name, r in rate.items()}
+            rows.append(
+                [
+                    f"JSON Lines, {tokenizer}, Ray on {cpus} CPU{'s' if cpus > 1 else ''}",
+                    f"{rate['local']:,.1f}",
+                    f"{rate['local --workers 2']:,.1f}",
+                    f"{rate['ray']:,.1f} ({rate['ray'] / rate['local']:.2f}x)",
+                    f"{mb / first:,.1f}",
+                ]
+            )
+        started = time.perf_counter()
+        ray.shutdown()
+        overhead[f"stop, {cpus} CPUs"] = time.perf_counter() - started
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    (out / "convert-ray.json").write_text(
+        json.dumps({"mb_per_s": results, "overhead_s": overhead}, indent=2)
+    )
+    with capsys.disabled():
+        header = ["input, tokenizer, engine", "local", "local --workers 2", "ray (vs local)", "ray, first run"]
+        print(_table(f"conversion MB/s of {mb:.0f} MB input, median of {RAY_ROUNDS}", header, rows))
+        print("Ray instance " + ", ".join(f"{k}: {v:.1f} s" for k, v in overhead.items()))
+
+
+def _converter(tokenizer: str, engine: str, workers: int) -> Callable[[Path, Path], None]:
+    def run(source: Path, out: Path) -> None:
+        convert(
+            ConvertOptions(
+                inputs=(str(source),),
+                output=out,
+                overwrite=True,
+                tokenizer=tokenizer,
+                engine=engine,  # type: ignore[arg-type]
+                workers=workers,
+            )
+        )
+
+    return run

@@ -13,7 +13,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastload._convert._options import FORMATS, INTEGER_DTYPES, Compression, ConvertOptions
+from fastload._convert._options import (
+    ENGINES,
+    FORMATS,
+    INTEGER_DTYPES,
+    Compression,
+    ConvertOptions,
+)
 from fastload.errors import FastloadError
 
 CONVERT_DESCRIPTION = """\
@@ -34,7 +40,9 @@ examples:
   fastload convert docs/ --format txt --per-file -o docs.h5 --errors replace
   fastload convert tokens.npy offsets.npy --offsets tokens=offsets -o t.h5
   fastload convert data.jsonl -o s3://bucket/corpus/ --shard-size 100000   converted here, uploaded,
-                                                                  fastload-index.json last"""
+                                                                  fastload-index.json last
+  fastload convert corpus/ -o out.h5 --shard-size 100000 --engine ray --ray-address auto
+                                                                  the same shards, tokenized on a Ray cluster"""
 
 
 def _names(text: str) -> list[str]:
@@ -176,6 +184,20 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     )
     output.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
     add_storage_option_argument(output)
+    engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="local",
+        help="local (default): this machine's processes; ray: tokenize over a Ray cluster's CPUs "
+        "with Ray Data and write shards in parallel (pip install 'fastload[ray]'); the same output",
+    )
+    engine.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="auto|ray://HOST:PORT",
+        help="the Ray cluster to use (default: start a local Ray instance and stop it at the end)",
+    )
 
 
 def add_storage_option_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -216,6 +238,8 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
         errors=args.errors,
         overwrite=args.overwrite,
         progress=not args.quiet and sys.stderr.isatty(),
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
 
 

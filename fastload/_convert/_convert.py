@@ -27,11 +27,11 @@ import fastload
 from fastload._convert._atomic import TempArea, remove_stale_temps
 from fastload._convert._discover import ARRAY_FORMATS, InputFile, discover
 from fastload._convert._encode import ChunkEncoder, EncodePlan, WordCounter, apply_length_limits
+from fastload._convert._engines import Engine, open_engine
 from fastload._convert._inputs import ReadOptions, record_chunks
 from fastload._convert._model import ChunkStats, Encoded
 from fastload._convert._numpy_inputs import numpy_blocks, plan_numpy
 from fastload._convert._options import ConvertOptions
-from fastload._convert._parallel import ordered_map
 from fastload._convert._plans import infer_plans
 from fastload._convert._progress import Progress
 from fastload._convert._tokenize import (
@@ -196,6 +196,7 @@ class _Run:
     options: ConvertOptions
     files: tuple[InputFile, ...]
     area: TempArea
+    engine: Engine
     stats: ChunkStats = field(default_factory=ChunkStats)
     tokenizer: dict[str, object] = field(default_factory=lambda: {"kind": "none"})
     vocab: Path | None = None
@@ -216,7 +217,11 @@ class _Run:
             for encoded in blocks:
                 self.stats.merge(encoded.stats)
                 writer.append(encoded)
-                bar.advance(input_bytes=encoded.stats.input_bytes, records=encoded.stats.records)
+                bar.advance(
+                    input_bytes=encoded.stats.input_bytes,
+                    records=encoded.stats.records,
+                    status=self.engine.status(),
+                )
 
     def records(self) -> SpoolWriter:
         o = self.options
@@ -248,18 +253,16 @@ class _Run:
             dtype_override=o.dtype_override,
         )
         chunks = record_chunks(self.files, plans, read)
-        self.pump(ordered_map(ChunkEncoder, plan, chunks, workers=o.workers), writer)
+        self.pump(self.engine.map(ChunkEncoder, plan, chunks), writer)
         return writer
 
     def _vocabulary(self, plan: EncodePlan, read: ReadOptions) -> tuple[str, ...]:
         counts: Counter[str] = Counter()
         with self.progress("counting words") as bar:
             chunks = record_chunks(self.files, plan.fields, read)
-            for chunk_counts, input_bytes in ordered_map(
-                WordCounter, plan, chunks, workers=self.options.workers
-            ):
+            for chunk_counts, input_bytes in self.engine.map(WordCounter, plan, chunks):
                 counts.update(chunk_counts)
-                bar.advance(input_bytes=input_bytes, records=0)
+                bar.advance(input_bytes=input_bytes, records=0, status=self.engine.status())
         words = build_vocab(
             counts, min_count=self.options.min_count, max_vocab=self.options.max_vocab
         )
@@ -314,8 +317,8 @@ def convert(options: ConvertOptions) -> ConvertReport:
     files = found.files
     replaced = _check_destination(options, vocab=options.tokenizer == "whitespace")
     removed = tuple(remove_stale_temps(options.output))
-    with TempArea(options.output) as area:
-        run = _Run(options, files, area)
+    with TempArea(options.output) as area, open_engine(options) as engine:
+        run = _Run(options, files, area, engine)
         try:
             writer = run.arrays() if files[0].format in ARRAY_FORMATS else run.records()
         finally:
@@ -342,7 +345,9 @@ def convert(options: ConvertOptions) -> ConvertReport:
             "options": json.dumps(options.recorded()),
             "counts": json.dumps(_counts(run.stats, samples)),
         }
-        shard_counts = writer.finish(temporaries, attrs, compression=options.compression)
+        shard_counts = writer.finish(
+            temporaries, attrs, compression=options.compression, run=engine.write_shards
+        )
         published = [(t, f) for t, f in zip(temporaries, finals, strict=True)]
         if run.vocab is not None:
             published.insert(0, (run.vocab, vocab_path(dest)))  # before the data that refers to it

@@ -22,6 +22,9 @@ INTEGER_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32
 #: The name of the length index at the root of the layout, hence no field may take it.
 LENGTHS_NAME = "lengths"
 
+#: Where the converter tokenizes and writes shards: this machine's processes, or a Ray cluster.
+ENGINES = ("local", "ray")
+
 #: Default bytes of input per chunk: large enough that per-chunk overhead (pickling to a
 #: worker, one spool write per field) vanishes, small enough that a chunk's Python objects
 #: (several times its size for parsed JSON) and ``2 * workers`` chunks in flight stay small.
@@ -94,6 +97,8 @@ class ConvertOptions:
     overwrite: bool = False
     progress: bool = False
     block_bytes: int = DEFAULT_BLOCK_BYTES
+    engine: Literal["local", "ray"] = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         _require(len(self.inputs) > 0, "at least one INPUT is required")
@@ -137,7 +142,31 @@ class ConvertOptions:
             f"--errors must be strict or replace, got {self.errors!r}",
         )
         _require(self.block_bytes >= 1, f"block_bytes must be >= 1, got {self.block_bytes}")
+        self._check_engine()
         self._check_names()
+
+    def _check_engine(self) -> None:
+        _require(
+            self.engine in ENGINES,
+            f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}",
+        )
+        _require(
+            self.ray_address is None or self.engine == "ray",
+            f"--ray-address applies to --engine ray, not --engine {self.engine}",
+        )
+        address = self.ray_address
+        _require(
+            address is None
+            or address == "auto"
+            or (address.startswith("ray://") and len(address) > len("ray://"))
+            or (":" in address and address.rsplit(":", 1)[1].isdigit()),
+            f"--ray-address must be auto, ray://HOST:PORT or HOST:PORT (a cluster's GCS), got {address!r}",
+        )
+        _require(
+            self.engine == "local" or self.workers == 0,
+            f"--workers applies to --engine local; --engine ray uses the cluster's CPUs "
+            f"(got --workers {self.workers})",
+        )
 
     def _check_names(self) -> None:
         names = [self.output_field, *self.fields, *self.label_fields]
@@ -167,10 +196,11 @@ class ConvertOptions:
     def recorded(self) -> dict[str, object]:
         """The options that shape the output, as JSON-ready values, for the file's attributes.
 
-        Excludes what cannot change a byte of the result (workers, progress, overwrite, chunk
-        size) and the paths, which are recorded separately.
+        Excludes what cannot change a byte of the result (workers, engine, progress, overwrite,
+        chunk size) and the paths, which are recorded separately.
         """
         skip = {"inputs", "output", "workers", "progress", "overwrite", "block_bytes"}
+        skip |= {"engine", "ray_address"}
         out: dict[str, object] = {}
         for f in fields(self):
             if f.name in skip:

@@ -36,7 +36,9 @@ class Progress:
             leave=False,
         )
 
-    def advance(self, *, input_bytes: int, records: int) -> None:
+    def advance(self, *, input_bytes: int, records: int, status: str = "") -> None:
+        """Add ``input_bytes`` and ``records``; ``status`` (the engine's tasks done and left)
+        is shown after the records/s figure."""
         if self._bar is None:
             return
         self._records += records
@@ -45,8 +47,9 @@ class Progress:
         if now - self._shown >= RATE_REFRESH_S:
             self._shown = now
             rate = self._records / max(now - self._start, 1e-9)
+            more = f", {status}" if status else ""
             self._bar.set_postfix_str(
-                f"{self._records:,} records, {rate:,.0f} rec/s", refresh=False
+                f"{self._records:,} records, {rate:,.0f} rec/s{more}", refresh=False
             )
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ cannot grow, yet the number of tokens is known only at the end of the input. So 
 first appended to raw *spool* files (one per array, in the temporary folder beside the output),
 then each shard's file is created with datasets of the now-known sizes and filled from the
 spools: by a kernel-side copy into the dataset's storage when the spool already holds the stored
-bytes, else converted in blocks of :data:`COPY_BYTES`. Memory stays at a few blocks whatever the
+bytes, else converted in blocks (``_shard_file.py``). Memory stays at a few blocks whatever the
 input size; disk briefly holds the spools plus one finished shard.
 
 Deferring the file creation also lets the dtype of token ids whose vocabulary is unknown (JSON
@@ -18,34 +18,41 @@ attributes are written in a fixed order and hold no time or process data.
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
-import h5py
 import numpy as np
 
 from fastload._convert._model import Encoded
-from fastload._convert._options import LENGTHS_NAME, Compression
+from fastload._convert._options import Compression
+from fastload._convert._shard_file import (
+    FieldLayout,
+    ShardCounts,
+    ShardJob,
+    SpoolData,
+    remove_spools,
+    write_shard,
+)
 from fastload.errors import DataFormatError
 
-#: Bytes read from a spool per copy step: large enough for full-speed HDF5 writes, small
-#: enough to keep the writer's memory to a few blocks.
-COPY_BYTES = 4 << 20
-#: Target bytes of one HDF5 chunk of a compressed dataset: small enough that reading one
-#: sample decompresses little, large enough that the chunk index stays small.
-CHUNK_BYTES = 64 << 10
 #: Largest magnitude float64 holds every integer of.
 _EXACT_FLOAT_INT = 2**53
 
+#: Writes every job's shard and returns the counts in job order: one after another here, in
+#: parallel by ``--engine ray``. Any runner gives the same bytes.
+ShardRunner = Callable[[Sequence[ShardJob]], list[ShardCounts]]
 
-class ShardCounts(NamedTuple):
-    samples: int
-    #: Elements per ragged field.
-    tokens: dict[str, int]
+
+def write_in_order(jobs: Sequence[ShardJob]) -> list[ShardCounts]:
+    """The local runner: each shard in this process, in order, its spools deleted once it is
+    written (so that disk holds the spools plus one finished shard)."""
+    counts = []
+    for job in jobs:
+        counts.append(write_shard(job))
+        remove_spools(job)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -109,20 +116,9 @@ class _Spool:
     def close(self) -> None:
         self._file.close()
 
-    def read(self, start: int, stop: int, row_shape: tuple[int, ...] = ()) -> np.ndarray:
-        """Rows ``start:stop``, each of ``row_shape``."""
-        row_items = int(np.prod(row_shape, dtype=np.int64))
-        offset = start * row_items * self.dtype.itemsize
-        flat = np.fromfile(
-            self.path, dtype=self.dtype, count=(stop - start) * row_items, offset=offset
-        )
-        return flat.reshape((stop - start, *row_shape))
-
-    def blocks(self, row_shape: tuple[int, ...] = ()) -> list[tuple[int, int]]:
-        """Row ranges of about :data:`COPY_BYTES` each, covering every row."""
-        row_bytes = self.dtype.itemsize * int(np.prod(row_shape, dtype=np.int64))
-        step = max(1, COPY_BYTES // max(1, row_bytes))
-        return [(a, min(a + step, self.rows)) for a in range(0, self.rows, step)]
+    def data(self) -> SpoolData:
+        """The finished spool, for reading (call after :meth:`close`)."""
+        return SpoolData(self.path, self.dtype, self.rows)
 
 
 @dataclass
@@ -250,132 +246,35 @@ class SpoolWriter:
         return f.spool_dtype
 
     def finish(
-        self, paths: list[Path], attrs: Mapping[str, object], *, compression: Compression
+        self,
+        paths: list[Path],
+        attrs: Mapping[str, object],
+        *,
+        compression: Compression,
+        run: ShardRunner = write_in_order,
     ) -> list[ShardCounts]:
         """Write shard ``i`` to ``paths[i]`` (as many paths as :attr:`shards`) with ``attrs``
-        plus its own counts; returns each shard's counts."""
+        plus its own counts, by ``run``, which deletes each shard's spools once it is written;
+        returns each shard's counts."""
         self.close()
-        dtypes = {f.name: self.stored_dtype(f) for f in self.fields}
-        counts = []
-        for index, (shard, path) in enumerate(zip(self.shards, paths, strict=True)):
-            counts.append(self._write_shard(shard, index, path, attrs, dtypes, compression))
-            for spool in (*shard.values.values(), *shard.lengths.values()):
-                spool.path.unlink()
-        return counts
-
-    def _write_shard(
-        self,
-        shard: _Shard,
-        index: int,
-        path: Path,
-        attrs: Mapping[str, object],
-        dtypes: dict[str, np.dtype],
-        compression: Compression,
-    ) -> ShardCounts:
-        tokens = {f.name: shard.values[f.name].rows for f in self.fields if f.kind == "ragged"}
-        splices: list[tuple[int, _Spool]] = []
-        with h5py.File(path, "w") as out:
-            out.attrs["fastload_format"] = 1
-            out.attrs["num_samples"] = shard.num_samples
-            if self.shard_size is not None:
-                out.attrs["shard_index"] = index
-                out.attrs["num_shards"] = len(self.shards)
-            out.attrs["num_tokens"] = json.dumps(tokens)
-            for key, value in attrs.items():
-                out.attrs[key] = value
-            for f in self.fields:
-                spool = shard.values[f.name]
-                if f.kind == "ragged":
-                    group = out.create_group(f.name)
-                    splices += _copy(group, "values", spool, dtypes[f.name], (), compression)
-                    _write_offsets(group, shard.lengths[f.name])
-                else:
-                    splices += _copy(out, f.name, spool, dtypes[f.name], f.row_shape, compression)
-            if self.primary is not None:
-                lengths = shard.lengths[self.primary]
-                splices += _copy(out, LENGTHS_NAME, lengths, lengths.dtype, (), Compression())
-                out[LENGTHS_NAME].attrs["field"] = self.primary  # what the reader looks for
-        _splice(path, splices)
-        return ShardCounts(shard.num_samples, tokens)
-
-
-def _create(
-    parent: h5py.Group, name: str, shape: tuple[int, ...], dtype: np.dtype, compression: Compression
-) -> h5py.Dataset:
-    if compression.kind == "none" or shape[0] == 0:
-        return parent.create_dataset(name, shape=shape, dtype=dtype)  # contiguous
-    row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-    chunk_rows = int(min(shape[0], max(1, CHUNK_BYTES // max(1, row_bytes))))
-    options = {"compression_opts": compression.level} if compression.kind == "gzip" else {}
-    return parent.create_dataset(
-        name,
-        shape=shape,
-        dtype=dtype,
-        chunks=(chunk_rows, *shape[1:]),
-        compression=compression.kind,
-        **options,
-    )
-
-
-def _copy(
-    parent: h5py.Group,
-    name: str,
-    spool: _Spool,
-    dtype: np.dtype,
-    row_shape: tuple[int, ...],
-    compression: Compression,
-) -> list[tuple[int, _Spool]]:
-    """Create dataset ``name`` from ``spool``. When the spool already holds the stored bytes
-    (same dtype, no compression), only the dataset's storage is reserved here and its byte
-    offset returned, for :func:`_splice` to fill once HDF5 has closed the file; otherwise the
-    rows are converted and written through h5py in blocks."""
-    shape = (spool.rows, *row_shape)
-    if compression.kind == "none" and spool.rows and dtype == spool.dtype:
-        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)  # the storage exists, at a known offset
-        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # and HDF5 never writes into it
-        dataset = parent.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl)
-        return [(dataset.id.get_offset(), spool)]
-    dataset = _create(parent, name, shape, dtype, compression)
-    for start, stop in spool.blocks(row_shape):
-        dataset[start:stop] = spool.read(start, stop, row_shape).astype(dtype, copy=False)
-    return []
-
-
-def _splice(path: Path, splices: list[tuple[int, _Spool]]) -> None:
-    """Copy each spool's bytes into ``path`` at its dataset's offset: a contiguous dataset's
-    storage is exactly its raw bytes, so this is what h5py would write, minus the read into
-    this process and the write back (``copy_file_range`` copies inside the kernel)."""
-    with path.open("r+b") as out:
-        for offset, spool in splices:
-            size = spool.path.stat().st_size
-            with spool.path.open("rb") as source:
-                _copy_range(source.fileno(), out.fileno(), size, offset)
-
-
-def _copy_range(source: int, target: int, size: int, offset: int) -> None:
-    done = 0
-    kernel_copy = getattr(os, "copy_file_range", None)
-    while done < size and kernel_copy is not None:
-        try:
-            copied = kernel_copy(source, target, size - done, done, offset + done)
-        except OSError:  # not supported by this filesystem or kernel: copy through memory
-            break
-        if copied == 0:
-            break
-        done += copied
-    while done < size:
-        block = os.pread(source, min(COPY_BYTES, size - done), done)
-        if not block:
-            raise OSError(f"spool ended {size - done} bytes early")
-        done += os.pwrite(target, block, offset + done)
-
-
-def _write_offsets(group: h5py.Group, lengths: _Spool) -> None:
-    offsets = group.create_dataset("offsets", shape=(lengths.rows + 1,), dtype=np.int64)
-    offsets[0] = 0
-    carry = 0
-    for start, stop in lengths.blocks():
-        ends = carry + np.cumsum(lengths.read(start, stop), dtype=np.int64)
-        offsets[start + 1 : stop + 1] = ends
-        carry = int(ends[-1])
+        layout = tuple(
+            FieldLayout(f.name, f.kind == "ragged", self.stored_dtype(f), f.row_shape)
+            for f in self.fields
+        )
+        num_shards = len(self.shards) if self.shard_size is not None else None
+        jobs = [
+            ShardJob(
+                path=path,
+                index=index,
+                num_shards=num_shards,
+                num_samples=shard.num_samples,
+                fields=layout,
+                primary=self.primary,
+                values={name: spool.data() for name, spool in shard.values.items()},
+                lengths={name: spool.data() for name, spool in shard.lengths.items()},
+                attrs=dict(attrs),
+                compression=compression,
+            )
+            for index, (shard, path) in enumerate(zip(self.shards, paths, strict=True))
+        ]
+        return run(jobs)

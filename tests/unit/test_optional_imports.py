@@ -24,12 +24,12 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_importing_fastload_imports_neither_transformers_nor_accelerate() -> None:
+def test_importing_fastload_imports_neither_transformers_nor_accelerate_nor_ray() -> None:
     result = _run(
         """
         import sys
         import fastload, fastload.cli
-        loaded = sorted(m for m in ("transformers", "accelerate") if m in sys.modules)
+        loaded = sorted(m for m in ("transformers", "accelerate", "ray") if m in sys.modules)
         assert loaded == [], loaded
         """
     )
@@ -53,3 +53,19 @@ def test_the_integrations_name_the_extra_when_their_package_is_missing(module: s
     )
     assert result.returncode == 0, result.stderr
     assert "pip install 'fastload[hf]'" in result.stdout and repr(missing) in result.stdout
+
+
+def test_engine_ray_without_ray_is_a_one_line_error_naming_the_extra(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    result = _run(
+        f"""
+        import sys
+        sys.modules["ray"] = None
+        from fastload.cli import main
+        code = main(["convert", {str(tmp_path / "a.txt")!r}, "-o", {str(tmp_path / "o.h5")!r}, "--engine", "ray"])
+        raise SystemExit(code)
+        """
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'fastload[ray]'" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "o.h5").exists()
