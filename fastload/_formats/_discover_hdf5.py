@@ -27,17 +27,14 @@ from fastload.errors import DataFileNotFoundError, DataFormatError, FastloadErro
 BLOCK_BYTES = 64 << 10
 
 
-class BlockFile(io.RawIOBase):
-    """A read-only file of ``size`` bytes over ``read_at(offset, length)``, fetched in aligned
-    blocks of :data:`BLOCK_BYTES` kept for the file's life (a shard's metadata and offsets:
-    small). For one thread."""
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file of ``size`` bytes whose bytes come from ``read_at(offset,
+    length)`` (a remote object's ranged reads); a subclass says how it reads."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], size: int) -> None:
         super().__init__()
         self._read_at, self._size = read_at, size
-        self._blocks: dict[int, bytes] = {}
         self._position = 0
-        self.failure: BaseException | None = None  # the store's error: h5py reports its own
 
     def readable(self) -> bool:
         return True
@@ -52,6 +49,17 @@ class BlockFile(io.RawIOBase):
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
         self._position = max(0, base + offset)
         return self._position
+
+
+class BlockFile(RangedFile):
+    """A read-only file of ``size`` bytes over ``read_at(offset, length)``, fetched in aligned
+    blocks of :data:`BLOCK_BYTES` kept for the file's life (a shard's metadata and offsets:
+    small). For one thread."""
+
+    def __init__(self, read_at: Callable[[int, int], bytes], size: int) -> None:
+        super().__init__(read_at, size)
+        self._blocks: dict[int, bytes] = {}
+        self.failure: BaseException | None = None  # the store's error: h5py reports its own
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         start = min(self._position, self._size)
@@ -122,4 +130,4 @@ def describe_hdf5(
     return described, chosen, lengths[chosen] if chosen is not None else np.ones(samples, np.int64)
 
 
-__all__ = ["BLOCK_BYTES", "BlockFile", "describe_hdf5"]
+__all__ = ["BLOCK_BYTES", "BlockFile", "RangedFile", "describe_hdf5"]

@@ -26,7 +26,6 @@ again. Shards are read by up to :data:`THREADS` threads, the store's requests be
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 import time
@@ -42,7 +41,7 @@ import pyarrow.parquet as pq
 
 from fastload._formats._arrow_convert import list_lengths
 from fastload._formats._arrow_schema import ArrowField, field_array, select_fields
-from fastload._formats._discover_hdf5 import describe_hdf5
+from fastload._formats._discover_hdf5 import RangedFile, describe_hdf5
 from fastload._formats._fields import check_same_fields, pick_length_field
 from fastload._formats._ipc_offsets import ipc_list_lengths, ipc_rows
 from fastload._remote import INDEX_NAME, DatasetIndex, ObjectInfo, ShardEntry, Store
@@ -233,33 +232,17 @@ def _described(specs: dict[str, ArrowField]) -> dict[str, Field]:
     return {name: spec.field for name, spec in specs.items()}
 
 
-class RangeFile(io.RawIOBase):
+class RangeFile(RangedFile):
     """A read-only file over one object of ``size`` bytes read by ``read_at`` (a
     :meth:`Store.ranges` reader): its last :data:`TAIL_BYTES` fetched at once (the footer),
     every other read one ranged GET of exactly the bytes asked for. ``fetched`` counts the
     bytes received. For one thread (pyarrow's ``PythonFile`` locks)."""
 
     def __init__(self, read_at: Callable[[int, int], bytes], size: int) -> None:
-        super().__init__()
-        self._read_at, self._size = read_at, size
-        self._position = 0
+        super().__init__(read_at, size)
         self._tail_start = max(0, size - TAIL_BYTES)
         self.tail = read_at(self._tail_start, size - self._tail_start)
         self.fetched = len(self.tail)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
 
     def size(self) -> int:
         return self._size
