@@ -543,6 +543,10 @@ def _shard_window(dataset: Any, options: LoaderOptions) -> dict[str, Any]:
             f"shuffle_shards= needs the dataset's shards (`shard_sizes`, samples per shard); "
             f"{type(dataset).__name__} has none"
         )
+    check = getattr(dataset, "cache_window_warning", None)
+    message = check(options.shuffle_shards) if check is not None else None
+    if message is not None:
+        warnings.warn(message, stacklevel=4)
     return {"shuffle_shards": options.shuffle_shards, "shard_sizes": sizes}
 
 

@@ -45,6 +45,24 @@ class RemoteShards:
         files. The engine reports it per batch (``fastload._protocols``)."""
         return None if self._remote is None else self._remote.storage_counts()
 
+    def cache_window_warning(self, shuffle_shards: int) -> str | None:
+        """Why a shard window of ``shuffle_shards`` shards will starve the prefetcher in this
+        dataset's bounded cache (the window being read fills it, so nothing can come ahead:
+        ``benchmarks/README.md``, bench_remote), or ``None`` when it leaves room."""
+        remote = self._remote
+        if remote is None or remote.cache_limit is None:
+            return None
+        sizes = sorted((s.bytes for s in remote.index.shards), reverse=True)
+        need = 2 * sum(sizes[:shuffle_shards])
+        if need <= remote.cache_limit:
+            return None
+        return (
+            f"shuffle_shards={shuffle_shards} with cache_limit={remote.cache_limit:,} bytes: a "
+            f"window of its largest shards and the next one take {need:,} bytes, more than the "
+            "cache holds, so shards cannot be downloaded ahead of the reads; lower "
+            "shuffle_shards or raise cache_limit"
+        )
+
     def prefetch(
         self,
         batches: Iterator[npt.NDArray[np.int64]],

@@ -5,6 +5,7 @@ waited on downloads, and a diagnosis that names the storage when it is the bottl
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +125,21 @@ def test_the_generic_path_reports_the_workers_reads_too(
     # each batch reads both fields of one shard: every read counted, hit or miss
     assert stats.cache_hits is not None and stats.cache_misses is not None
     assert stats.cache_hits + stats.cache_misses == 2 * len(rows)
+
+
+def test_a_shard_window_the_cache_cannot_hold_twice_warns(
+    s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
+) -> None:
+    largest = max(p.stat().st_size for p in corpus.glob("*.h5"))
+    for path in sorted(corpus.iterdir()):
+        s3_server.put(f"{bucket}/corpus/{path.name}", path.read_bytes())
+    dataset = fastload.HDF5Dataset(
+        f"s3://{bucket}/corpus/", storage_options=s3_server.options, cache_dir=tmp_path,
+        cache_limit=int(2.5 * largest),
+    )
+    with pytest.warns(UserWarning, match="shuffle_shards=2 with cache_limit") as caught:
+        fastload.DataLoader(dataset, max_tokens=2048, shuffle_shards=2)
+    assert caught[0].filename == __file__  # at the line that made the loader
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fastload.DataLoader(dataset, max_tokens=2048, shuffle_shards=1)  # 2 shards fit
