@@ -72,6 +72,7 @@ class RemoteSource:
         self._store: Store | None = None
         self._cache: ShardCache | None = None
         self._pid = os.getpid()
+        self._environment = storage_environment()
         self._counts = StorageCounts()  # this process's reads (see storage_counts)
         self._counting = threading.Lock()
         index = self._load_index()
@@ -91,6 +92,7 @@ class RemoteSource:
     def store(self) -> Store:
         self._own_process()
         if self._store is None:
+            _adopt(self._environment)
             self._store = open_store(self.folder, self.storage_options)
         return self._store
 
@@ -211,6 +213,25 @@ class RemoteSource:
         except DataFormatError:
             local.unlink(missing_ok=True)  # not kept: the next loader asks the store again
             raise
+
+
+#: Environment variables the storage clients read (credentials, endpoints, regions, profiles).
+_STORAGE_ENV = ("AWS_", "GOOGLE_", "GCS_", "GCE_", "CLOUDSDK_")
+
+
+def storage_environment() -> dict[str, str]:
+    """This process's variables that configure the storage clients (:data:`_STORAGE_ENV`)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(_STORAGE_ENV)}
+
+
+def _adopt(environment: dict[str, str]) -> None:
+    """Make this process's storage variables those the dataset was made with. A worker forked
+    by a fork server has the server's environment, from whenever it started, not the main
+    process's: without its credentials the AWS SDK asks the EC2 metadata service and waits."""
+    for name in list(os.environ):
+        if name.startswith(_STORAGE_ENV) and name not in environment:
+            del os.environ[name]
+    os.environ.update(environment)
 
 
 def remote_fields(

@@ -143,3 +143,47 @@ def test_a_shard_window_the_cache_cannot_hold_twice_warns(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fastload.DataLoader(dataset, max_tokens=2048, shuffle_shards=1)  # 2 shards fit
+
+
+_LATE_CREDENTIALS = """
+import json, multiprocessing, os, sys
+import fastload
+
+def noop():
+    pass
+
+if __name__ == "__main__":
+    url, options, environment = json.loads(sys.argv[1])
+    # The fork server starts first (another library's workers, say), before the credentials
+    # are set: its children have its environment, not ours.
+    ctx = multiprocessing.get_context("forkserver")
+    p = ctx.Process(target=noop)
+    p.start()
+    p.join()
+    os.environ.update(environment)
+    dataset = fastload.HDF5Dataset(url, storage_options=options, cache_dir=sys.argv[2])
+    loader = fastload.DataLoader(dataset, batch_size=50, num_workers=2, collate_fn=len, timeout=30)
+    print(sum(loader))
+"""
+
+
+def test_workers_read_with_the_credentials_the_dataset_was_made_with(
+    s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
+) -> None:
+    import json
+    import os
+    import subprocess
+
+    remote(s3_server, corpus, bucket, tmp_path / "unused")
+    script = tmp_path / "late.py"
+    script.write_text(_LATE_CREDENTIALS)
+    aws = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    clean["PYTHONPATH"] = str(Path(fastload.__file__).parents[1])
+    argument = json.dumps([f"s3://{bucket}/corpus/", s3_server.options, aws])
+    done = subprocess.run(
+        [sys.executable, str(script), argument, str(tmp_path / "cache")],
+        env=clean, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == SHARDS * 150
