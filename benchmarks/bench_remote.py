@@ -51,6 +51,7 @@ import statistics
 import sys
 import time
 import types
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -303,10 +304,14 @@ def fastload_loader(
         cache_dir=cache,
         cache_limit=None if limit >= 1 else int(corpus.shard_bytes * limit),
     )
-    return fastload.DataLoader(
-        dataset, batch_size=size.batch_size, length_grouped=True, shuffle_shards=shuffle_shards,
-        num_workers=WORKERS, seed=0,
-    )  # fmt: skip
+    with warnings.catch_warnings():
+        # A 10 % cache cannot hold two windows of shuffle_shards=2: the loader says so, and the
+        # table measures what that costs.
+        warnings.filterwarnings("ignore", message="shuffle_shards=.* with cache_limit")
+        return fastload.DataLoader(
+            dataset, batch_size=size.batch_size, length_grouped=True, shuffle_shards=shuffle_shards,
+            num_workers=WORKERS, seed=0,
+        )  # fmt: skip
 
 
 def local_loader(corpus: Corpus, size: Size, workers: int = WORKERS) -> fastload.DataLoader:

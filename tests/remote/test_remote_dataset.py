@@ -6,6 +6,7 @@ under injected faults, and clear errors."""
 from __future__ import annotations
 
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,12 @@ def test_a_small_cache_with_shard_windows_gives_the_local_batches(
         url, storage_options=s3_server.options, cache_dir=tmp_path, cache_limit=int(total * limit_share)
     )
     s3_server.proxy.reset()
-    got = epochs_of(fastload.DataLoader(remote, max_tokens=2048, shuffle_shards=1, seed=5, num_workers=2), 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = fastload.DataLoader(remote, max_tokens=2048, shuffle_shards=1, seed=5, num_workers=2)
+    # a quarter of the data is one shard: too small to hold the window and the next one
+    assert any("cannot be downloaded ahead" in str(w.message) for w in caught) == (limit_share < 0.5)
+    got = epochs_of(loader, 2)
     for epoch_got, epoch_expected in zip(got, expected, strict=True):
         assert len(epoch_got) == len(epoch_expected)
         for a, b in zip(epoch_got, epoch_expected, strict=True):
