@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset
 
-from fastload._device import DevicePrefetcher, cuda_available, page_lock, pin_tree
+from fastload._device import DevicePrefetcher, cuda_available, pin_tree, pinned_slots
 from fastload._engine import (
     DONE,
     OK,
@@ -315,7 +315,7 @@ class WorkerIterator(_BaseIterator):
             base_seed=self._base_seed,
             host=HostPolicy.resolve(self._options.host_tuning),
             index_sampler=self._index_sampler,
-            pin=page_lock if (self._pin or self._device is not None) else None,
+            pin=pinned_slots() if (self._pin or self._device is not None) else None,
             max_shared_bytes=self._options.max_shared_bytes,
             auto_workers=self._options.auto_workers,
             readahead=self._options.readahead,

@@ -18,6 +18,17 @@ that come turn out larger than the slots): the segments of the old size are then
 slots are never handed out again, and each retired segment is freed once its last slot is back.
 Segment ids only grow, so :attr:`SlotArena.live_from`, the first id of the current size, tells a
 worker which of the segments it has mapped it may unmap.
+
+NOTE [pending copies]: a slot page-locked for a device may still be read by a copy the consumer
+queued from it (``x.to("cuda", non_blocking=True)`` returns before the copy runs). So when the
+last view of such a slot dies, the arena asks the device for a *fence* (an event after the
+copies queued so far: O(1), no system call, on the consumer's thread) and the slot is *fencing*:
+it is handed out again, or its segment freed, only once the fence has passed. Where slots are
+handed out (:meth:`SlotArena.reserve`, on whichever thread dispatches) the oldest fences are
+polled; when no slot is free and some are fencing, the oldest fence is waited for (up to
+``FENCE_WAIT_S``: the GPU is behind, and the loader need not run further ahead of it) before the
+arena grows. A closed arena frees its page-locked segments once the last view has died and
+every fence has passed (waiting then, bounded, for copies still queued).
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -40,6 +51,18 @@ from fastload._protocols import ALIGN
 from fastload.errors import SharedMemoryError
 
 _PAGE = mmap.PAGESIZE
+
+#: The longest a slot waits for the copies queued from it (NOTE [pending copies]) before the
+#: arena grows instead, or, once closed, leaves the memory page-locked rather than free it.
+FENCE_WAIT_S = 30.0
+
+# Closed arenas whose page-locked segments wait for their last views: kept alive, since their
+# views' weak references (and so their callbacks) die with them.
+_CLOSING: set[SlotArena] = set()
+
+# Segments a closed arena could not free because a copy from them never completed: they stay
+# mapped and page-locked for the life of the process rather than be reused under a copy.
+_ABANDONED: list[_Segment] = []
 
 
 def align(n: int, to: int = ALIGN) -> int:
@@ -97,11 +120,27 @@ def _anonymous_file(size: int) -> int:
     return fd
 
 
-Pinner = Callable[[int, int], "Callable[[], None] | None"]
+class SlotDevice(Protocol):
+    """The device that copies batches out of the slots (``fastload._device.PinnedSlots`` for
+    CUDA; a test's fake): it page-locks the slots and fences the copies queued from them."""
+
+    def page_lock(self, address: int, nbytes: int) -> Callable[[], None] | None:
+        """Page-lock ``nbytes`` at ``address``; the function that undoes it, or ``None`` where
+        the memory stays pageable (copies from it are then synchronous: no fence is needed)."""
+
+    def fence(self) -> Any:
+        """A mark after every copy the calling thread may have queued so far (an event on its
+        current stream). Cheap: called once per batch as its slot is released."""
+
+    def passed(self, fence: Any) -> bool:
+        """Whether every copy before ``fence`` has completed."""
+
+    def wait(self, fence: Any, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for ``fence`` to pass; whether it has."""
 
 
 class _Segment:
-    def __init__(self, seg_id: int, size: int, pin: Pinner | None) -> None:
+    def __init__(self, seg_id: int, size: int, pin: SlotDevice | None) -> None:
         self.id = seg_id
         self.size = size
         self.array: np.ndarray | None = None  # the whole segment, for the main process's builds
@@ -114,8 +153,13 @@ class _Segment:
         self._unpin = None
         if pin is not None:
             view = np.frombuffer(self.mm, dtype=np.uint8)
-            self._unpin = pin(view.ctypes.data, size)
+            self._unpin = pin.page_lock(view.ctypes.data, size)
             del view
+
+    @property
+    def pinned(self) -> bool:
+        """Page-locked: copies from it may still run after ``.to()`` returned."""
+        return self._unpin is not None
 
     def close(self) -> None:
         self.array = None
@@ -131,8 +175,9 @@ class SlotArena:
 
     ``reserve()`` hands out a free slot, growing the arena when none is free, up to
     ``max_bytes`` in all; ``export(ref, nbytes)`` returns a writable uint8 array over the slot
-    that frees the slot when it is garbage-collected; ``release(ref)`` frees a slot that was
-    never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch;
+    that frees the slot when it is garbage-collected (once the copies queued from it have
+    completed, where ``pin`` page-locked it: NOTE [pending copies]); ``release(ref)`` frees a
+    slot that was never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch;
     ``resize(capacity)`` changes the size of the regular slots handed out from then on.
     ``slot_bytes`` is the stride of regular slots: their ``capacity`` for a batch (at least the
     ``slot_bytes`` asked for) plus the claim word; 0 until the first ``resize`` where the arena
@@ -141,9 +186,10 @@ class SlotArena:
     """
 
     def __init__(
-        self, *, slot_bytes: int, slots: int, max_bytes: int, pin: Pinner | None = None
+        self, *, slot_bytes: int, slots: int, max_bytes: int, pin: SlotDevice | None = None
     ) -> None:
         self._pin = pin
+        self._pid = os.getpid()  # a forked child's copy of the arena fences nothing
         self.max_bytes = max_bytes
         self._slots = max(1, slots)
         # Reentrant: a finalizer freeing a slot may run in the middle of arena code (a garbage
@@ -157,6 +203,9 @@ class SlotArena:
         # reference's callback frees the slot.
         self._exports: dict[int, tuple[weakref.ref[np.ndarray], SlotRef]] = {}
         self._free: deque[SlotRef] = deque()
+        # Slots whose last view died while copies from them may be pending, with their fences,
+        # oldest first (NOTE [pending copies]).
+        self._fencing: deque[tuple[Any, SlotRef]] = deque()
         self._temporary_ids: set[int] = set()
         self._retired: dict[int, int] = {}  # retired segment id -> its slots not yet back
         self._next_id = 0
@@ -243,25 +292,60 @@ class SlotArena:
         self._bytes -= seg.size
         seg.close()
 
+    @property
+    def fencing(self) -> int:
+        """Slots no tensor views any more that wait for the copies queued from them."""
+        return len(self._fencing)
+
     def reserve(self) -> SlotRef:
-        with self._lock:
-            if not self._free:
-                if self.slot_bytes == 0:
-                    raise RuntimeError("SlotArena.reserve() before the slots were sized (resize)")
-                grow = self._sized // 2 or self._slots
-                if self._bytes + grow * self.slot_bytes > self.max_bytes:
-                    if self._sized == 0:
-                        self._check_fits(grow * self.slot_bytes)  # raises: the first of a size
-                    raise SharedMemoryError(
-                        f"all {self._sized} batch slots of {self.slot_bytes / 2**20:.2f} MiB "
-                        f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self.exported} of "
-                        "them by batches the consumer still holds, and growing past "
-                        f"{self.max_bytes / 2**20:.1f} MiB (max_shared_bytes) is not allowed. "
-                        "Keep fewer batches alive, or .clone() the tensors you keep."
-                    )
-                self._grow(grow)
-            self.held += 1
-            return self._free.popleft()
+        """A free slot, for a task. Slots whose copies have completed are freed first; where
+        none is free but some wait for their copies, the oldest is waited for (up to
+        ``FENCE_WAIT_S``) rather than the arena grown (NOTE [pending copies])."""
+        waited = False
+        while True:
+            with self._lock:
+                self._reclaim_locked()
+                fencing = self._fencing
+                if self._free or not fencing or waited:
+                    return self._reserve_locked()
+                oldest = fencing[0][0]
+            assert self._pin is not None
+            self._pin.wait(oldest, FENCE_WAIT_S)  # not under the lock: views die meanwhile
+            waited = True
+
+    def _reclaim_locked(self) -> None:
+        """Free the fencing slots, oldest first, whose fences have passed."""
+        fencing = self._fencing
+        while fencing:
+            assert self._pin is not None
+            if not self._pin.passed(fencing[0][0]):
+                return
+            self._release_locked(fencing.popleft()[1])
+
+    def _reserve_locked(self) -> SlotRef:
+        if not self._free:
+            if self.slot_bytes == 0:
+                raise RuntimeError("SlotArena.reserve() before the slots were sized (resize)")
+            grow = self._sized // 2 or self._slots
+            if self._bytes + grow * self.slot_bytes > self.max_bytes:
+                if self._sized == 0:
+                    self._check_fits(grow * self.slot_bytes)  # raises: the first of a size
+                copying = (
+                    f" and {len(self._fencing)} by copies to the GPU queued from them and not "
+                    f"done after {FENCE_WAIT_S:.0f} s"
+                    if self._fencing
+                    else ""
+                )
+                raise SharedMemoryError(
+                    f"all {self._sized} batch slots of {self.slot_bytes / 2**20:.2f} MiB "
+                    f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self.exported} of "
+                    f"them by batches the consumer still holds{copying}, and growing past "
+                    f"{self.max_bytes / 2**20:.1f} MiB (max_shared_bytes) is not allowed. "
+                    "Keep fewer batches alive, or .clone() the tensors you keep."
+                )
+            self._grow(grow)
+        self.held += 1
+        return self._free.popleft()
 
     def temporary(self, nbytes: int) -> SlotRef:
         """A slot of its own for one batch larger than the regular ones; its segment is freed
@@ -328,24 +412,75 @@ class SlotArena:
         with self._lock:
             self.exported -= 1
             _, ref = self._exports.pop(id(watch))
-            if self._closed:
-                return
-            self._release_locked(ref)
-        if self.on_release is not None:
+            fence = self._fence(ref)
+            if fence is not None:
+                self._fencing.append((fence, ref))  # freed where slots are handed out
+            closed = self._closed
+            if not closed and fence is None:
+                self._release_locked(ref)
+        if closed:
+            if not self.exported:  # the last view of a closed arena
+                self._free_pinned()
+        elif self.on_release is not None:
             self.on_release()
+
+    def _fence(self, ref: SlotRef) -> Any:
+        """A fence after the copies that may be queued from ``ref``, or ``None`` where none can
+        be (a pageable slot, or a forked child's copy of the arena)."""
+        seg = self._segments.get(ref.segment)
+        if seg is None or not seg.pinned or os.getpid() != self._pid:
+            return None
+        assert self._pin is not None
+        return self._pin.fence()
 
     def close(self) -> None:
         """Free every segment (call after the workers are gone). Slots still viewed by consumer
-        tensors stay mapped until those tensors die."""
+        tensors stay mapped until those tensors die; a page-locked segment that such a slot or
+        a pending copy uses is freed once the last view has died and its copies have completed
+        (NOTE [pending copies])."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            for seg in self._segments.values():
-                seg.close()
-            self._segments.clear()
+            used = {ref.segment for _, ref in self._exports.values()}
+            used.update(ref.segment for _, ref in self._fencing)
+            for seg_id, seg in list(self._segments.items()):
+                if not (seg.pinned and seg_id in used):
+                    del self._segments[seg_id]
+                    seg.close()
             self._free.clear()
             # Not the weak references: a batch collected after close still counts itself out.
+            last = not self.exported
+            if self._segments and not last:
+                _CLOSING.add(self)
+        if last:
+            self._free_pinned()
+
+    def _free_pinned(self) -> None:
+        """Free the page-locked segments a closed arena kept, once the copies queued from them
+        have completed (waiting for them, bounded: this runs once, when the last view died)."""
+        with self._lock:
+            segments = list(self._segments.values())
+            self._segments.clear()
+            fences = [fence for fence, _ in self._fencing]
+            self._fencing.clear()
+            _CLOSING.discard(self)
+        if not segments or os.getpid() != self._pid:
+            return
+        assert self._pin is not None
+        for fence in fences:
+            if not (self._pin.passed(fence) or self._pin.wait(fence, FENCE_WAIT_S)):
+                _ABANDONED.extend(segments)
+                warnings.warn(
+                    f"a copy to the GPU from fastload's batch slots has not completed after "
+                    f"{FENCE_WAIT_S:.0f} s; {sum(s.size for s in segments) / 2**20:.1f} MiB of "
+                    "page-locked slots stay mapped until the process exits",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return
+        for seg in segments:
+            seg.close()
 
 
 class WorkerSlots:

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from torch.utils.data import IterableDataset
 
-from fastload._engine._arena import Pinner
+from fastload._engine._arena import SlotDevice
 from fastload._engine._generic_runner import GenericRunner
 from fastload._engine._host import HostPolicy
 from fastload._engine._messages import Delivery
@@ -57,8 +57,9 @@ class RunnerOptions:
     host: HostPolicy
     #: The index sampler (for the fast path's slot sizing: what its batches can hold).
     index_sampler: Any = None
-    #: How the fast path's slots are page-locked (``fastload._device.page_lock``), or None.
-    pin: Pinner | None = None
+    #: The device the fast path's slots are page-locked for and whose copies from them are
+    #: fenced (``fastload._device.PinnedSlots``), or None: pageable slots.
+    pin: SlotDevice | None = None
     max_shared_bytes: int | None = None
     auto_workers: bool = False  # num_workers="auto": the pool may grow to every core
     #: Workers tell the kernel which byte ranges the tasks queued behind their current one read

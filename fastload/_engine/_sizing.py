@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._engine._arena import Pinner, SlotArena, align, available_memory_bytes
+from fastload._engine._arena import SlotArena, SlotDevice, align, available_memory_bytes
 from fastload._protocols import Layout
 from fastload._types import Field, Ragged
 
@@ -146,7 +146,7 @@ def slot_arena(
     *,
     slots: int,
     max_bytes: int | None,
-    pin: Pinner | None,
+    pin: SlotDevice | None,
 ) -> tuple[SlotArena, BatchBytes | None]:
     """The slots for ``reader``'s batches padded by ``collate``: sized for the largest batch
     ``index_sampler`` can make where it says so and that fits in ``max_bytes`` (default a

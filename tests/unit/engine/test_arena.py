@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,3 +180,71 @@ def test_a_worker_unmaps_retired_segments_and_the_ones_it_will_not_write_again()
     arena.release(old)
     arena.release(new)
     arena.close()
+
+
+class _Stream:
+    """A ``SlotDevice`` whose fences pass only when the test (or a wait) says so."""
+
+    def __init__(self) -> None:
+        self.locked: set[int] = set()
+        self.fences = 0
+        self.passed_upto = 0  # fences below this number have passed
+        self.waited: list[int] = []
+
+    def page_lock(self, address: int, nbytes: int) -> Any:
+        self.locked.add(address)
+        return lambda: self.locked.discard(address)
+
+    def fence(self) -> int:
+        self.fences += 1
+        return self.fences - 1
+
+    def passed(self, fence: int) -> bool:
+        return fence < self.passed_upto
+
+    def wait(self, fence: int, timeout_s: float) -> bool:
+        self.waited.append(fence)
+        self.passed_upto = max(self.passed_upto, fence + 1)
+        return True
+
+
+def test_a_pinned_slot_is_handed_out_again_only_once_the_fence_of_its_release_has_passed() -> None:
+    stream = _Stream()
+    arena = SlotArena(slot_bytes=10_000, slots=2, max_bytes=1 << 26, pin=stream)
+    first = arena.reserve()
+    base = arena.export(first, 64)
+    del base  # released with a copy possibly queued: fenced
+    assert stream.fences == 1 and arena.fencing == 1
+    other = arena.reserve()  # the free slot, not the fencing one
+    assert (other.segment, other.offset) != (first.segment, first.offset) and stream.waited == []
+    again = arena.reserve()  # none free: waits for the oldest fence rather than grow
+    assert stream.waited == [0] and (again.segment, again.offset) == (first.segment, first.offset)
+    assert arena.fencing == 0 and arena.total_bytes == 2 * arena.slot_bytes
+    arena.release(other)
+    arena.release(again)
+    arena.close()
+    assert stream.locked == set()
+
+
+def test_a_slot_whose_fence_passed_is_freed_without_waiting() -> None:
+    stream = _Stream()
+    arena = SlotArena(slot_bytes=10_000, slots=1, max_bytes=1 << 26, pin=stream)
+    ref = arena.reserve()
+    del_me = arena.export(ref, 64)
+    del del_me
+    stream.passed_upto = 1
+    assert arena.reserve() == ref and stream.waited == []
+    arena.close()
+
+
+def test_a_closed_arena_frees_its_pinned_memory_after_the_last_view_and_its_copies() -> None:
+    stream = _Stream()
+    arena = SlotArena(slot_bytes=10_000, slots=2, max_bytes=1 << 26, pin=stream)
+    kept = arena.export(arena.reserve(), 64)
+    dropped = arena.export(arena.reserve(), 64)
+    del dropped  # its copy is pending when the arena closes
+    arena.close()
+    assert len(stream.locked) == 1  # still viewed, and a copy from it may be queued
+    kept[:] = 3  # and still mapped
+    del kept
+    assert stream.waited == [0, 1] and stream.locked == set()
