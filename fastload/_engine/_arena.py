@@ -347,11 +347,22 @@ class SlotArena:
         self.held += 1
         return self._free.popleft()
 
-    def temporary(self, nbytes: int) -> SlotRef:
-        """A slot of its own for one batch larger than the regular ones; its segment is freed
-        with the slot."""
+    def temporary(self, nbytes: int, batch: str = "a batch") -> SlotRef:
+        """A slot of its own for one batch larger than the regular ones (``batch`` says which,
+        for the error); its segment is freed with the slot. It counts against ``max_bytes``
+        as the regular slots do."""
         size = align(nbytes, _PAGE)
         with self._lock:
+            if self._bytes + size > self.max_bytes:
+                raise SharedMemoryError(
+                    f"{batch} needs {size / 2**20:.1f} MiB of shared memory, more than a "
+                    f"regular slot holds; a temporary slot of that size on top of the "
+                    f"{self._bytes / 2**20:.1f} MiB of slots held would exceed "
+                    f"max_shared_bytes ({self.max_bytes / 2**20:.1f} MiB). Raise "
+                    f"max_shared_bytes to at least {-(-(self._bytes + size) // 2**20)} MiB, or "
+                    "make the batch smaller: a lower batch_size or max_tokens, or cut long "
+                    "samples (PadCollate(max_length=...))."
+                )
             seg = self._new_segment(size)
             self._temporary_ids.add(seg.id)
             self.held += 1

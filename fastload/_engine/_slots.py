@@ -177,7 +177,7 @@ class SlotCodec:
             self.arena.resize(resize)
         if need > self.arena.capacity:
             self.oversize_batches += 1
-            return self.arena.temporary(need)
+            return self.arena.temporary(need, _which(raw))
         return self.arena.reserve()
 
     def task_message(self, epoch: int, seq: int, index: SlotTask) -> bytes:
@@ -236,10 +236,17 @@ class SlotCodec:
             return None
         self.arena.release(index.slot)
         self.oversize_batches += 1
-        return SlotTask(index.indices, self.arena.temporary(payload.nbytes), index.raw)
+        return SlotTask(index.indices, self.arena.temporary(payload.nbytes, _which(index.raw)), index.raw)
 
     def drop(self, index: SlotTask) -> None:
         self.arena.release(index.slot)
+
+
+def _which(raw: bytes) -> str:
+    """The batch of these int64 sample indices, in words (the first few of them)."""
+    indices = np.frombuffer(raw, dtype=np.int64)
+    shown = ", ".join(str(i) for i in indices[:6].tolist()) + (", ..." if indices.size > 6 else "")
+    return f"the batch of {indices.size} samples [{shown}]"
 
 
 @functools.lru_cache(maxsize=64)

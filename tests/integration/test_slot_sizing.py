@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from torch.utils.data import Sampler
 
 import fastload
+from fastload.errors import SharedMemoryError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _token_files import write_token_file
@@ -109,15 +111,11 @@ def test_batches_larger_than_the_first_get_room_without_a_refusal(h5: Path) -> N
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_bound_that_does_not_fit_in_shared_memory_is_not_a_refusal(tmp_path: Path) -> None:
-    # One sample of 40,000 tokens among short ones: with batch_size=64 the largest possible
-    # batch is 64 rows of 40,000 (25 MB), six of which do not fit in max_shared_bytes. The
-    # slots are then sized from the batches that come; the one batch holding the long sample
-    # gets a temporary slot of its own, as torch's loader would allocate it too.
-    path = tmp_path / "one_long.h5"
+def _one_long_sample(path: Path, tokens: int, at: int = 777) -> Path:
+    """2,000 samples of 1..59 tokens, but sample ``at`` has ``tokens``."""
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 60, 2_000).astype(np.int64)
-    lengths[777] = 40_000
+    lengths[at] = tokens
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     with h5py.File(path, "w") as f:
         f.attrs["fastload_format"] = 1
@@ -125,13 +123,46 @@ def test_a_bound_that_does_not_fit_in_shared_memory_is_not_a_refusal(tmp_path: P
         f.create_dataset("tokens/values", data=rng.integers(1, 30_000, int(offsets[-1])).astype(np.uint16))
         f.create_dataset("tokens/offsets", data=offsets)
         f.create_dataset("lengths", data=lengths)
-    ds = fastload.HDF5Dataset(path)
-    reference = list(fastload.DataLoader(ds, batch_size=64, collate_fn=fastload.PadCollate()))
+    return path
+
+
+def _five_bytes_a_token() -> fastload.PadCollate:
+    return fastload.PadCollate(dtype=torch.int32, mask_dtype=torch.bool)
+
+
+def test_a_bound_that_does_not_fit_in_shared_memory_is_not_a_refusal(tmp_path: Path) -> None:
+    # One sample of 40,000 tokens among short ones: with batch_size=64 the largest possible
+    # batch is 64 rows of 40,000 (12.8 MB), six of which do not fit in max_shared_bytes. The
+    # slots are then sized from the batches that come; the one batch holding the long sample
+    # gets a temporary slot of its own, as torch's loader would allocate it too.
+    ds = fastload.HDF5Dataset(_one_long_sample(tmp_path / "one_long.h5", 40_000))
+    reference = list(fastload.DataLoader(ds, batch_size=64, collate_fn=_five_bytes_a_token()))
     loader = fastload.DataLoader(
-        ds, batch_size=64, num_workers=2, max_shared_bytes=16 << 20, collate_fn=fastload.PadCollate()
+        ds, batch_size=64, num_workers=2, max_shared_bytes=32 << 20, collate_fn=_five_bytes_a_token()
     )
     got = 0
     for a, b in zip(loader, reference, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
         got += 1
     assert got == len(reference) == 32
+
+
+def test_a_temporary_slot_past_max_shared_bytes_is_refused_naming_both_sizes(tmp_path: Path) -> None:
+    # One sample of 4,000,000 tokens: its batch of 64 rows needs 1.2 GiB, 80 times
+    # max_shared_bytes. The batches before it come; its own is refused before any memory is
+    # taken for it, with the bound, the size needed, the samples and what to change.
+    ds = fastload.HDF5Dataset(_one_long_sample(tmp_path / "huge.h5", 4_000_000, at=300))
+    loader = fastload.DataLoader(
+        ds, batch_size=64, num_workers=2, max_shared_bytes=16 << 20, collate_fn=_five_bytes_a_token()
+    )
+    it = iter(loader)
+    for _ in range(300 // 64):
+        next(it)
+    with pytest.raises(SharedMemoryError) as caught:
+        next(it)
+    message = str(caught.value)
+    assert "max_shared_bytes (16.0 MiB)" in message
+    needed = re.search(r"needs ([0-9.]+) MiB", message)
+    assert needed is not None and float(needed.group(1)) >= 64 * 4_000_000 * 5 / 2**20
+    assert "the batch of 64 samples [256, 257," in message
+    assert "Raise max_shared_bytes to at least" in message

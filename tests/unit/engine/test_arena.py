@@ -248,3 +248,14 @@ def test_a_closed_arena_frees_its_pinned_memory_after_the_last_view_and_its_copi
     kept[:] = 3  # and still mapped
     del kept
     assert stream.waited == [0, 1] and stream.locked == set()
+
+
+def test_a_temporary_slot_counts_against_max_bytes() -> None:
+    arena = SlotArena(slot_bytes=MiB - CLAIM_BYTES, slots=2, max_bytes=16 * MiB)  # 2 MiB held
+    ref = arena.temporary(14 * MiB)  # exactly fills the bound
+    arena.release(ref)
+    bound = r"samples \[7\] needs 14\.0 MiB .* max_shared_bytes \(16\.0 MiB\)\. Raise .* at least 17 MiB"
+    with pytest.raises(SharedMemoryError, match=bound):
+        arena.temporary(14 * MiB + 1, "the batch of 1 samples [7]")
+    assert arena.total_bytes == 2 * MiB
+    arena.close()
