@@ -453,8 +453,10 @@ class SlotArena:
             if self._closed:
                 return
             self._closed = True
-            used = {ref.segment for _, ref in self._exports.values()}
-            used.update(ref.segment for _, ref in self._fencing)
+            # Copied first: a view collected meanwhile (an allocation may run the collector)
+            # changes both.
+            out = [*self._exports.values(), *self._fencing]
+            used = {ref.segment for _, ref in out}
             for seg_id, seg in list(self._segments.items()):
                 if not (seg.pinned and seg_id in used):
                     del self._segments[seg_id]
