@@ -13,8 +13,11 @@ import gc
 from pathlib import Path
 from typing import Any
 
+import h5py
+import numpy as np
 import pytest
 import torch
+import torch.utils.data
 from _fake_gpu import FakeGPU, overlaps
 from _token_files import write_token_file
 
@@ -95,6 +98,62 @@ def test_a_batch_kept_after_its_iterator_is_gone_stays_page_locked_until_its_cop
     del batch
     gc.collect()
     assert gpu.copies == queued and gpu.corrupt == 0
+    assert gpu.locked == {}
+
+
+def test_a_temporary_slot_is_page_locked_and_kept_until_the_copies_from_it_are_done(
+    tmp_path: Path, gpu: FakeGPU
+) -> None:
+    # A batch sampler that does not say what its batches hold: the slots are sized from the
+    # batches that come, and the one batch holding a 5,000-token sample gets a temporary slot
+    # of its own. It is page-locked like the others, and not freed (unlocked, unmapped) while
+    # a copy queued from it may still read it.
+    path = write_token_file(tmp_path / "one_long.h5", 300, 60, seed=3)
+    with h5py.File(path, "r+") as f:  # sample 100 becomes 5,000 tokens long
+        lengths = f["lengths"][:]
+        values = f["tokens/values"][:]
+        offsets = f["tokens/offsets"][:]
+        lengths[100] = 5_000
+        long = np.full(5_000, 7, dtype=values.dtype)
+        values = np.concatenate([values[: offsets[100]], long, values[offsets[101] :]])
+        for name, data in [("lengths", lengths), ("tokens/values", values)]:
+            del f[name]
+            f.create_dataset(name, data=data)
+        del f["tokens/offsets"]
+        f.create_dataset("tokens/offsets", data=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    plan = [list(range(i, min(i + 8, 300))) for i in range(0, 300, 8)]
+
+    class Plan(torch.utils.data.Sampler[list[int]]):
+        def __len__(self) -> int:
+            return len(plan)
+
+        def __iter__(self) -> Any:
+            return iter(plan)
+
+    dataset = fastload.HDF5Dataset(path)
+    reference = list(fastload.DataLoader(dataset, batch_sampler=Plan(), collate_fn=_collate()))
+    loader = fastload.DataLoader(dataset, batch_sampler=Plan(), num_workers=2, pin_memory=True, collate_fn=_collate())
+    queued = 0
+    for i, batch in enumerate(loader):
+        assert not overlaps(batch, gpu.pending()), f"batch {i} was written under a pending copy"
+        assert all(gpu.is_locked(v) for v in batch.values() if isinstance(v, torch.Tensor)), f"batch {i}"
+        assert _same(batch, reference[i]), f"batch {i}"
+        gpu.copy(batch)
+        queued += sum(isinstance(v, torch.Tensor) for v in batch.values())
+        if i == 100 // 8:
+            held = [(v.data_ptr(), v) for v in batch.values() if isinstance(v, torch.Tensor)]
+            assert max(v.numel() * v.element_size() for _, v in held) > 8 * 5_000  # the long one
+            ranges = [(address, v.numel() * v.element_size()) for address, v in held]
+            del held
+            del batch
+            gc.collect()
+            # Dropped with its copy queued: still locked (and so still mapped).
+            assert all(any(a <= r and r + n <= a + size for a, size in gpu.locked.items()) for r, n in ranges)
+        else:
+            del batch
+    gpu.catch_up()
+    assert gpu.copies == queued and gpu.corrupt == 0
+    gc.collect()
     assert gpu.locked == {}
 
 
