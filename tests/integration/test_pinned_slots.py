@@ -23,6 +23,7 @@ from _token_files import write_token_file
 
 import fastload
 import fastload._iterator as iterator_module
+from fastload._device import PinnedSlots
 
 
 def _collate() -> fastload.PadCollate:
@@ -234,3 +235,15 @@ def test_device_cuda_batches_behind_a_busy_stream_are_their_own(table: tuple[Pat
         torch.cuda._sleep(BUSY_CYCLES)
         copies.append(batch)
     assert _mismatches(copies, reference) == []
+
+
+@pytest.mark.gpu
+def test_a_fence_marks_the_current_and_the_default_stream() -> None:
+    slots = PinnedSlots()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(BUSY_CYCLES)
+        fence = slots.fence()
+    assert len(fence) == 2  # the side stream, and the default one
+    assert slots.wait(fence, 60.0) and slots.passed(fence)
+    assert len(slots.fence()) == 1  # on the default stream: one event
