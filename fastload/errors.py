@@ -27,6 +27,7 @@ __all__ = [
     "StorageError",
     "StorageNotFoundError",
     "StoragePermissionError",
+    "UnsupportedSchemeError",
     "UsageError",
     "WorkerCrashedError",
 ]
@@ -111,6 +112,11 @@ class StorageChecksumError(StorageError, DataFormatError):
 
 class StoragePermissionError(StorageError, PermissionError):
     """The store refused the request (403, AccessDenied, an invalid key)."""
+
+
+class UnsupportedSchemeError(FastloadError, ValueError):
+    """A path is a URL whose scheme fastload cannot read (``hdfs://``, ``file://``, a typo);
+    the message names the scheme and the ones it reads."""
 
 
 class MissingExtraError(FastloadError, ImportError):

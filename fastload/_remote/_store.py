@@ -14,7 +14,7 @@ from fastload._remote import _http
 from fastload._remote._arrow import ArrowStore
 from fastload._remote._objects import Store
 from fastload._remote._retry import Retrier, RetryPolicy
-from fastload.errors import MissingExtraError
+from fastload.errors import MissingExtraError, UnsupportedSchemeError
 
 _S3_SCHEMES = ("s3",)
 _GCS_SCHEMES = ("gs", "gcs")
@@ -69,14 +69,18 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
     transient errors, and delays S3 opens for writing (``allow_delayed_open``) so a small
     :meth:`Store.write` is one PUT; an option given explicitly wins.
 
-    Raises ``ValueError`` for a URL that is not remote or an option the client does not take
+    Raises :class:`UnsupportedSchemeError` (a ``ValueError``) for a URL that is not remote,
+    ``ValueError`` for one without a bucket or host or an option the client does not take
     (naming it and the valid ones), and :class:`MissingExtraError` where pyarrow was built
     without the S3 or GCS client.
     """
     parsed = urllib.parse.urlsplit(url)
     scheme = parsed.scheme.lower()
-    if scheme not in REMOTE_SCHEMES or not parsed.netloc:
-        raise ValueError(f"open_store({url!r}): not a remote URL; expected one of {', '.join(s + '://' for s in REMOTE_SCHEMES)} with a host or bucket")
+    if scheme not in REMOTE_SCHEMES:
+        what = f"fastload cannot read {parsed.scheme}:// URLs" if parsed.scheme else "not a URL"
+        raise UnsupportedSchemeError(f"{url}: {what}; open_store reads {', '.join(s + '://' for s in REMOTE_SCHEMES)}")
+    if not parsed.netloc:
+        raise ValueError(f"open_store({url!r}): names no host or bucket after {scheme}://")
     options = dict(storage_options or {})
     retrier = Retrier(retry or RetryPolicy())
     if scheme in _HTTP_SCHEMES:

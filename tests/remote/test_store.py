@@ -50,7 +50,7 @@ def test_an_unknown_option_names_itself_the_likely_one_and_the_valid_ones() -> N
         open_store("s3://bucket/x", {"endpoint_url": "http://127.0.0.1:1"})
     with pytest.raises(ValueError, match=r"'timeout'.*headers, timeout_s"):
         open_store("https://example.invalid/x", {"timeout": 3})
-    with pytest.raises(ValueError, match="not a remote URL"):
+    with pytest.raises(ValueError, match=r"/local/path: not a URL; open_store reads s3://"):
         open_store("/local/path")
 
 
