@@ -34,8 +34,9 @@ GCS_OPTIONS = (
     "access_token", "anonymous", "credential_token_expiration", "default_bucket_location", "default_metadata",
     "endpoint_override", "project_id", "retry_time_limit", "scheme", "target_service_account",
 )  # fmt: skip
-# Names other clients use for the same thing (boto3, s3fs), to point at pyarrow's.
-_ALIASES = {
+# Names boto3, s3fs and fsspec users know, taken for pyarrow's own (``client_kwargs`` is s3fs's
+# dictionary of boto3 client arguments; only these of its keys have a pyarrow equivalent).
+S3_ALIASES = {
     "endpoint_url": "endpoint_override",
     "aws_access_key_id": "access_key",
     "aws_secret_access_key": "secret_key",
@@ -44,7 +45,9 @@ _ALIASES = {
     "secret": "secret_key",
     "token": "session_token",
     "region_name": "region",
+    "anon": "anonymous",
 }
+_CLIENT_KWARGS = ("endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # Checked in this order when endpoint_override is not given: pyarrow reads neither.
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
@@ -61,7 +64,8 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
 
     ``storage_options`` are the client's own keyword arguments: ``pyarrow.fs.S3FileSystem``'s
     for ``s3://`` (for an S3-compatible store: ``{"endpoint_override": "http://127.0.0.1:9000",
-    "access_key": ..., "secret_key": ...}``; without them the ``AWS_*`` environment variables and
+    "access_key": ..., "secret_key": ...}``, or boto3's and s3fs's names for them:
+    :func:`s3_options`; without them the ``AWS_*`` environment variables and
     ``~/.aws`` apply, and ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` set the endpoint),
     ``pyarrow.fs.GcsFileSystem``'s for ``gs://``, and ``headers`` and ``timeout_s`` for
     ``http(s)://``. fastload turns pyarrow's own retries off (``retry_strategy`` with one attempt,
@@ -88,17 +92,54 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
         return _http.HttpStore(url, options, retrier)
     base = parsed.netloc + parsed.path
     if scheme in _S3_SCHEMES:
+        options = s3_options(url, options)
         _check_options(url, options, S3_OPTIONS)
         return ArrowStore(url, _s3_filesystem(options), base, retrier, s3=True)
     _check_options(url, options, GCS_OPTIONS)
     return ArrowStore(url, _gcs_filesystem(options), base, retrier, s3=False)
 
 
+def s3_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with boto3's and s3fs's names (:data:`S3_ALIASES`, and the keys of
+    ``client_kwargs``) replaced by pyarrow's. An endpoint with a scheme (``http://host:port``)
+    becomes pyarrow's ``endpoint_override`` without it and ``scheme``, which pyarrow would
+    otherwise take as ``https`` for some spellings. Raises ``ValueError`` naming both spellings
+    where two of them give one setting different values."""
+    entries: list[tuple[str, str, Any]] = []  # (the spelling the user wrote, its name, value)
+    for name, value in options.items():
+        if name != "client_kwargs":
+            entries.append((name, name, value))
+            continue
+        if not isinstance(value, Mapping):
+            raise ValueError(f"storage_options client_kwargs for {url}: must be a dict; got {type(value).__name__}")
+        for key, inner in value.items():
+            if key not in _CLIENT_KWARGS:
+                raise ValueError(
+                    f"storage_options client_kwargs {key!r} for {url}: has no pyarrow equivalent;"
+                    f" client_kwargs may hold {', '.join(_CLIENT_KWARGS)}"
+                )
+            entries.append((f"client_kwargs[{key!r}]", key, inner))
+    given: dict[str, tuple[str, Any]] = {}  # pyarrow's name -> (spelling, value)
+    for spelling, name, value in entries:
+        name = S3_ALIASES.get(name, name)
+        if name == "endpoint_override" and isinstance(value, str) and "://" in value:
+            scheme, _, value = value.partition("://")
+            entries.append((f"the scheme of {spelling}", "scheme", scheme))
+            value = value.rstrip("/")
+        if name in given and given[name][1] != value:
+            raise ValueError(
+                f"storage_options for {url}: {given[name][0]}={given[name][1]!r} and {spelling}={value!r}"
+                f" set the same option (pyarrow's {name!r}) to different values; give one of them"
+            )
+        given[name] = (spelling, value)
+    return {name: value for name, (_, value) in given.items()}
+
+
 def _check_options(url: str, options: Mapping[str, Any], valid: tuple[str, ...]) -> None:
     for name in options:
         if name in valid:
             continue
-        hint = _ALIASES.get(name) or next(iter(difflib.get_close_matches(name, valid, n=1)), None)
+        hint = S3_ALIASES.get(name) or next(iter(difflib.get_close_matches(name, valid, n=1)), None)
         did_you_mean = f" (did you mean {hint!r}?)" if hint in valid else ""
         raise ValueError(f"storage_options {name!r} is not an option for {url}{did_you_mean}; valid options: {', '.join(valid)}")
 
