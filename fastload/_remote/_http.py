@@ -78,7 +78,8 @@ class HttpStore:
 
     def _open(self, url: str, method: str, byte_range: tuple[int, int] | None = None) -> Any:
         """The response to one request (redirects followed), its body not yet read; an error
-        status raises :class:`HttpStatusError`. The caller reads it and :func:`_finish` es it."""
+        status raises :class:`HttpStatusError`. The caller reads the body, then calls
+        :func:`_finish`."""
         headers = dict(self._headers)
         if byte_range is not None:
             headers["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from _servers import _RangeHandler
+from _servers import FaultProxy, Faults, _RangeHandler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _token_files import write_token_file
@@ -226,3 +226,20 @@ def test_ranged_reads_and_downloads_from_a_server_without_range_support(
     monkeypatch.setattr(http_store, "WHOLE_BODY_READ_LIMIT", 100_000)
     with pytest.raises(StorageError, match=r"ignores Range requests .* would download the first 200,010 bytes"):
         store.read_range("x.bin", 200_000, 10)
+
+
+def test_a_whole_body_cut_short_is_continued_from_the_last_byte_written(plain: tuple[Server, Path], tmp_path: Path) -> None:
+    server, root = plain
+    data = os.urandom(2_000_000)
+    (root / "x.bin").write_bytes(data)
+    proxy = FaultProxy(server.endpoint, Faults(drop_rate=0.5, error_rate=0.2, seed=1))
+    try:
+        store = open_store(proxy.endpoint, retry=QUICK)
+        written: list[int] = []
+        got = _download(store, "x.bin", tmp_path / "x", len(data), on_bytes=written.append)
+        log = proxy.requests()
+    finally:
+        proxy.close()
+    assert got == data
+    assert sum(r.fault == "drop" for r in log) > 0 and store.stats().retries == sum(r.fault is not None for r in log)
+    assert sum(written) == len(data)  # each byte written once: a retry skips what is in the file
