@@ -46,7 +46,7 @@ S3_ALIASES = {
     "token": "session_token",
     "region_name": "region",
     "anon": "anonymous",
-}
+}  # and use_ssl, s3fs's switch between pyarrow's schemes
 _CLIENT_KWARGS = ("endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # Checked in this order when endpoint_override is not given: pyarrow reads neither.
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -122,6 +122,8 @@ def s3_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
     given: dict[str, tuple[str, Any]] = {}  # pyarrow's name -> (spelling, value)
     for spelling, name, value in entries:
         name = S3_ALIASES.get(name, name)
+        if name == "use_ssl":  # s3fs's switch for what pyarrow calls the scheme
+            name, value = "scheme", "https" if value else "http"
         if name == "endpoint_override" and isinstance(value, str) and "://" in value:
             scheme, _, value = value.partition("://")
             entries.append((f"the scheme of {spelling}", "scheme", scheme))

@@ -13,6 +13,7 @@ from _servers import Faults
 from conftest import HttpServer, S3Server
 
 from fastload._remote import ObjectInfo, RetryPolicy, is_remote, open_store
+from fastload._remote._store import s3_options
 from fastload.errors import StorageError, StorageNotFoundError, StoragePermissionError
 
 MB = 1_000_000
@@ -225,6 +226,11 @@ def test_two_spellings_of_one_option_with_different_values_are_refused(options: 
 
 def test_two_spellings_with_one_value_and_unknown_client_kwargs() -> None:
     open_store("s3://bucket/x", {"endpoint_override": "http://127.0.0.1:1", "endpoint_url": "http://127.0.0.1:1/", "key": "a", "access_key": "a", "secret": "b"})
+    assert s3_options("s3://b", {"use_ssl": False, "endpoint_url": "127.0.0.1:9", "anon": True}) == {
+        "scheme": "http", "endpoint_override": "127.0.0.1:9", "anonymous": True
+    }
+    with pytest.raises(ValueError, match=r"use_ssl=.https.*the scheme of endpoint_url='http'"):
+        s3_options("s3://b", {"use_ssl": True, "endpoint_url": "http://127.0.0.1:9"})
     with pytest.raises(ValueError, match=r"client_kwargs 'verify' .* has no pyarrow equivalent; client_kwargs may hold endpoint_url"):
         open_store("s3://bucket/x", {"client_kwargs": {"verify": False}})
 
