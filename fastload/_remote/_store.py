@@ -46,7 +46,10 @@ S3_ALIASES = {
     "token": "session_token",
     "region_name": "region",
     "anon": "anonymous",
-}  # and use_ssl, s3fs's switch between pyarrow's schemes
+    "use_ssl": "scheme",  # s3fs's switch: False is http
+}
+# gcsfs's names.
+GCS_ALIASES = {"endpoint_url": "endpoint_override", "project": "project_id"}
 _CLIENT_KWARGS = ("endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # Checked in this order when endpoint_override is not given: pyarrow reads neither.
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -65,7 +68,7 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
     ``storage_options`` are the client's own keyword arguments: ``pyarrow.fs.S3FileSystem``'s
     for ``s3://`` (for an S3-compatible store: ``{"endpoint_override": "http://127.0.0.1:9000",
     "access_key": ..., "secret_key": ...}``, or boto3's and s3fs's names for them:
-    :func:`s3_options`; without them the ``AWS_*`` environment variables and
+    :func:`pyarrow_options`; without them the ``AWS_*`` environment variables and
     ``~/.aws`` apply, and ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` set the endpoint),
     ``pyarrow.fs.GcsFileSystem``'s for ``gs://``, and ``headers`` and ``timeout_s`` for
     ``http(s)://``. fastload turns pyarrow's own retries off (``retry_strategy`` with one attempt,
@@ -92,38 +95,42 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
         return _http.HttpStore(url, options, retrier)
     base = parsed.netloc + parsed.path
     if scheme in _S3_SCHEMES:
-        options = s3_options(url, options)
+        options = pyarrow_options(url, options, S3_ALIASES, client_kwargs=_CLIENT_KWARGS)
         _check_options(url, options, S3_OPTIONS)
         return ArrowStore(url, _s3_filesystem(options), base, retrier, s3=True)
+    options = pyarrow_options(url, options, GCS_ALIASES)
     _check_options(url, options, GCS_OPTIONS)
     return ArrowStore(url, _gcs_filesystem(options), base, retrier, s3=False)
 
 
-def s3_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with boto3's and s3fs's names (:data:`S3_ALIASES`, and the keys of
-    ``client_kwargs``) replaced by pyarrow's. An endpoint with a scheme (``http://host:port``)
+def pyarrow_options(
+    url: str, options: Mapping[str, Any], aliases: Mapping[str, str], *, client_kwargs: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``options`` with other clients' names (``aliases``: :data:`S3_ALIASES`,
+    :data:`GCS_ALIASES`; and, where ``client_kwargs`` names some, those keys of s3fs's
+    ``client_kwargs`` dictionary) replaced by pyarrow's. An endpoint with a scheme (``http://host:port``)
     becomes pyarrow's ``endpoint_override`` without it and ``scheme``, which pyarrow would
     otherwise take as ``https`` for some spellings. Raises ``ValueError`` naming both spellings
     where two of them give one setting different values."""
     entries: list[tuple[str, str, Any]] = []  # (the spelling the user wrote, its name, value)
     for name, value in options.items():
-        if name != "client_kwargs":
+        if name != "client_kwargs" or not client_kwargs:
             entries.append((name, name, value))
             continue
         if not isinstance(value, Mapping):
             raise ValueError(f"storage_options client_kwargs for {url}: must be a dict; got {type(value).__name__}")
         for key, inner in value.items():
-            if key not in _CLIENT_KWARGS:
+            if key not in client_kwargs:
                 raise ValueError(
                     f"storage_options client_kwargs {key!r} for {url}: has no pyarrow equivalent;"
-                    f" client_kwargs may hold {', '.join(_CLIENT_KWARGS)}"
+                    f" client_kwargs may hold {', '.join(client_kwargs)}"
                 )
             entries.append((f"client_kwargs[{key!r}]", key, inner))
     given: dict[str, tuple[str, Any]] = {}  # pyarrow's name -> (spelling, value)
     for spelling, name, value in entries:
-        name = S3_ALIASES.get(name, name)
-        if name == "use_ssl":  # s3fs's switch for what pyarrow calls the scheme
-            name, value = "scheme", "https" if value else "http"
+        if name == "use_ssl" and aliases.get(name) == "scheme":
+            value = "https" if value else "http"
+        name = aliases.get(name, name)
         if name == "endpoint_override" and isinstance(value, str) and "://" in value:
             scheme, _, value = value.partition("://")
             entries.append((f"the scheme of {spelling}", "scheme", scheme))
@@ -141,7 +148,7 @@ def _check_options(url: str, options: Mapping[str, Any], valid: tuple[str, ...])
     for name in options:
         if name in valid:
             continue
-        hint = S3_ALIASES.get(name) or next(iter(difflib.get_close_matches(name, valid, n=1)), None)
+        hint = {**S3_ALIASES, **GCS_ALIASES}.get(name) or next(iter(difflib.get_close_matches(name, valid, n=1)), None)
         did_you_mean = f" (did you mean {hint!r}?)" if hint in valid else ""
         raise ValueError(f"storage_options {name!r} is not an option for {url}{did_you_mean}; valid options: {', '.join(valid)}")
 

@@ -13,7 +13,7 @@ from _servers import Faults
 from conftest import HttpServer, S3Server
 
 from fastload._remote import ObjectInfo, RetryPolicy, is_remote, open_store
-from fastload._remote._store import s3_options
+from fastload._remote._store import GCS_ALIASES, S3_ALIASES, pyarrow_options
 from fastload.errors import StorageError, StorageNotFoundError, StoragePermissionError
 
 MB = 1_000_000
@@ -49,8 +49,8 @@ def test_is_remote_tells_urls_from_local_paths(path: str, remote: bool) -> None:
 def test_an_unknown_option_names_itself_the_likely_one_and_the_valid_ones() -> None:
     with pytest.raises(ValueError, match=r"'endpoint_overide'.*did you mean 'endpoint_override'.*valid options: access_key"):
         open_store("s3://bucket/x", {"endpoint_overide": "http://127.0.0.1:1"})
-    with pytest.raises(ValueError, match=r"'endpoint_url'.*did you mean 'endpoint_override'"):
-        open_store("gs://bucket/x", {"endpoint_url": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match=r"'aws_access_key_id' is not an option for gs://bucket/x; valid options: access_token"):
+        open_store("gs://bucket/x", {"aws_access_key_id": "x"})
     with pytest.raises(ValueError, match=r"'timeout'.*headers, timeout_s"):
         open_store("https://example.invalid/x", {"timeout": 3})
     with pytest.raises(ValueError, match=r"/local/path: not a URL; open_store reads s3://"):
@@ -226,11 +226,14 @@ def test_two_spellings_of_one_option_with_different_values_are_refused(options: 
 
 def test_two_spellings_with_one_value_and_unknown_client_kwargs() -> None:
     open_store("s3://bucket/x", {"endpoint_override": "http://127.0.0.1:1", "endpoint_url": "http://127.0.0.1:1/", "key": "a", "access_key": "a", "secret": "b"})
-    assert s3_options("s3://b", {"use_ssl": False, "endpoint_url": "127.0.0.1:9", "anon": True}) == {
+    assert pyarrow_options("s3://b", {"use_ssl": False, "endpoint_url": "127.0.0.1:9", "anon": True}, S3_ALIASES) == {
         "scheme": "http", "endpoint_override": "127.0.0.1:9", "anonymous": True
     }
+    gcs = {"endpoint_url": "http://127.0.0.1:9", "project": "p", "anonymous": True}  # gcsfs's names
+    assert pyarrow_options("gs://b", gcs, GCS_ALIASES) == {"endpoint_override": "127.0.0.1:9", "scheme": "http", "project_id": "p", "anonymous": True}
+    assert open_store("gs://b/x", gcs).url == "gs://b/x"
     with pytest.raises(ValueError, match=r"use_ssl=.https.*the scheme of endpoint_url='http'"):
-        s3_options("s3://b", {"use_ssl": True, "endpoint_url": "http://127.0.0.1:9"})
+        pyarrow_options("s3://b", {"use_ssl": True, "endpoint_url": "http://127.0.0.1:9"}, S3_ALIASES)
     with pytest.raises(ValueError, match=r"client_kwargs 'verify' .* has no pyarrow equivalent; client_kwargs may hold endpoint_url"):
         open_store("s3://bucket/x", {"client_kwargs": {"verify": False}})
 
