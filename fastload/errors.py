@@ -23,9 +23,11 @@ __all__ = [
     "OversizeSampleError",
     "RebuiltLoaderWarning",
     "SharedMemoryError",
+    "StorageChecksumError",
     "StorageError",
     "StorageNotFoundError",
     "StoragePermissionError",
+    "UnsupportedSchemeError",
     "UsageError",
     "WorkerCrashedError",
 ]
@@ -92,15 +94,29 @@ class CacheError(_FastloadOSError):
 class StorageError(_FastloadOSError):
     """Remote storage (S3 or an S3-compatible store, GCS, HTTPS) failed for good: a permanent
     error (403, a missing bucket), a transient one that outlasted the retry budget, or a
-    checksum that stays wrong. ``filename`` is the URL; the message names it and the cause."""
+    checksum that stays wrong. ``filename`` is the URL; the message names it and the cause.
+    A read through a dataset or a loader raises it as it is, so ``except StorageError``
+    catches every storage failure."""
 
 
-class StorageNotFoundError(StorageError, FileNotFoundError):
-    """A remote object or bucket does not exist (404, NoSuchKey, NoSuchBucket)."""
+class StorageNotFoundError(StorageError, DataFileNotFoundError):
+    """A remote object or bucket does not exist (404, NoSuchKey, NoSuchBucket): a
+    ``FileNotFoundError``, and a :class:`DataFileNotFoundError` as a missing local file is."""
+
+
+class StorageChecksumError(StorageError, DataFormatError):
+    """An object's bytes do not match the size or SHA-256 the dataset's index gives, however
+    often it is downloaded: it changed after it was indexed, or the store serves it damaged.
+    A :class:`DataFormatError` too, as a damaged local file is."""
 
 
 class StoragePermissionError(StorageError, PermissionError):
     """The store refused the request (403, AccessDenied, an invalid key)."""
+
+
+class UnsupportedSchemeError(FastloadError, ValueError):
+    """A path is a URL whose scheme fastload cannot read (``hdfs://``, ``file://``, a typo);
+    the message names the scheme and the ones it reads."""
 
 
 class MissingExtraError(FastloadError, ImportError):

@@ -34,7 +34,7 @@ from fastload._formats._remote_reads import RemoteShards
 from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
 from fastload._types import Column, ColumnarBatch, Field, Spans
-from fastload.errors import DataFileNotFoundError, DataFormatError
+from fastload.errors import DataFileNotFoundError, DataFormatError, StorageError
 
 # State that belongs to one process and is dropped when pickling.
 _PER_PROCESS = ("_process", "_lengths")
@@ -331,8 +331,8 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
             if self._remote is not None:
                 return self._read_remote(shard, read)
             return read(self._shard(shard))
-        except DataFormatError:
-            raise  # already names the file, the field and the sample
+        except (DataFormatError, StorageError):
+            raise  # already names the file (or URL), the field and the sample
         except FileNotFoundError as exc:
             raise DataFileNotFoundError(
                 f"{self._shard_name(shard)}: field {name!r}: a file is gone since the dataset"

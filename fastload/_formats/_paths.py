@@ -4,15 +4,33 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Union
 
-from fastload.errors import DataFileNotFoundError, DataFormatError
+from fastload._remote import REMOTE_SCHEMES
+from fastload.errors import DataFileNotFoundError, DataFormatError, UnsupportedSchemeError
 
 PathArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
 _GLOB_CHARS = frozenset("*?[")
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")  # RFC 3986's scheme, then an authority
+
+
+def check_scheme(path: str) -> None:
+    """Raise :class:`UnsupportedSchemeError` if ``path`` is a URL of a scheme no reader opens
+    (a remote one is handled before paths are resolved; anything else would be looked for as a
+    relative local path and reported missing, hiding the real mistake)."""
+    match = _URL.match(path)
+    if match is None or match.group(1).lower() in REMOTE_SCHEMES:
+        return
+    scheme = match.group(1)
+    raise UnsupportedSchemeError(
+        f"{path}: fastload cannot read {scheme}:// URLs; it reads"
+        f" {', '.join(s + '://' for s in REMOTE_SCHEMES)} and a local path"
+        + (" (pass the path without file://)" if scheme.lower() == "file" else "")
+    )
 
 
 def files_in_directory(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
@@ -38,20 +56,24 @@ def resolve_paths(path: PathArg, *, expand_directory: Callable[[Path], list[Path
     * A list or tuple is the concatenation of its items, each resolved as above, in the given
       order (a list is an explicit order; only globs and directories are sorted).
 
-    Raises :class:`DataFileNotFoundError` (a ``FileNotFoundError``) for a path that does not
+    Raises :class:`UnsupportedSchemeError` for a URL (``scheme://...``) of any item,
+    :class:`DataFileNotFoundError` (a ``FileNotFoundError``) for a path that does not
     exist or a glob that matches no file, naming it, :class:`DataFormatError` for an empty list,
     and whatever ``expand_directory`` raises for a directory.
     """
     if isinstance(path, (str, os.PathLike)):
+        check_scheme(os.fspath(path))
         return _resolve_one(path, expand_directory)
     if not isinstance(path, Sequence):
         raise TypeError(f"path must be a str, a Path, or a list of them; got {type(path).__name__}")
     if len(path) == 0:
         raise DataFormatError("path is an empty list: it must name at least one file")
-    resolved: list[Path] = []
     for item in path:
         if not isinstance(item, (str, os.PathLike)):
             raise TypeError(f"each path in the list must be a str or a Path; got {item!r}")
+        check_scheme(os.fspath(item))
+    resolved: list[Path] = []
+    for item in path:
         resolved.extend(_resolve_one(item, expand_directory))
     return resolved
 

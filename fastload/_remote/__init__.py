@@ -1,6 +1,6 @@
 """Datasets where they really live (layer 1, beside ``_storage``): the dataset index; one small
 client interface (:class:`Store`) over S3 and S3-compatible stores and GCS (``pyarrow.fs``) and
-read-only HTTP(S) (the standard library), with transient errors retried under a bounded time
+read-only HTTP(S) (urllib3), with transient errors retried under a bounded time
 and permanent ones raised at once, typed; and the local shard cache."""
 
 from __future__ import annotations

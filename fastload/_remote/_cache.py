@@ -42,7 +42,7 @@ from pathlib import Path, PurePosixPath
 
 from fastload._storage import CACHE_REMEDY, cache_root, fsync_path
 from fastload._storage._lock import HeldLock, holder, lock, try_lock
-from fastload.errors import CacheError, FastloadError, StorageError
+from fastload.errors import CacheError, FastloadError, StorageChecksumError
 
 #: Errors of a fetch that mean the cache's disk, not the store, failed: they become CacheError.
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
@@ -414,7 +414,7 @@ class ShardCache:
                 raise
             part.unlink()
             if attempt + 1 == _ATTEMPTS:
-                raise StorageError(
+                raise StorageChecksumError(
                     f"{source}: the download of shard {key} is {got_size} bytes with sha256"
                     f" {got_sum}, the index says {size} bytes with sha256 {checksum or '(any)'};"
                     f" downloaded {_ATTEMPTS} times from scratch, wrong each time. The object"

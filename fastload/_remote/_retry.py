@@ -14,11 +14,12 @@ import re
 import socket
 import threading
 import time
-import urllib.error
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeVar
+
+import urllib3.exceptions
 
 from fastload._remote._objects import StoreStats
 from fastload.errors import StorageError, StorageNotFoundError, StoragePermissionError
@@ -35,6 +36,17 @@ class Kind(IntEnum):
 
 class ShortReadError(OSError):
     """A reply carried fewer bytes than the request asked for and the object holds."""
+
+
+class HttpStatusError(OSError):
+    """An HTTP(S) server answered with an error status (after following redirects)."""
+
+    def __init__(self, url: str, code: int, reason: str) -> None:
+        super().__init__(f"HTTP {code} {reason}".rstrip())
+        self.url, self.code = url, code
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return type(self), (self.url, self.code, str(self).partition(f"HTTP {self.code} ")[2])
 
 
 # pyarrow raises OSError whose message carries the AWS SDK's error name (``AWS Error SLOW_DOWN
@@ -54,17 +66,20 @@ _TRANSIENT_HTTP = {408, 425, 429, 500, 502, 503, 504}
 
 
 def classify(exc: BaseException) -> Kind:
-    """Whether ``exc``, raised by pyarrow or urllib while talking to a store, is worth retrying,
-    names a missing object, a refusal, or another permanent failure."""
-    if isinstance(exc, urllib.error.HTTPError):
+    """Whether ``exc``, raised by pyarrow or urllib3 while talking to a store, is worth
+    retrying, names a missing object, a refusal, or another permanent failure."""
+    if isinstance(exc, HttpStatusError):
         if exc.code in (404, 410):
             return Kind.NOT_FOUND
         if exc.code in (401, 403):
             return Kind.DENIED
         return Kind.TRANSIENT if exc.code in _TRANSIENT_HTTP else Kind.PERMANENT
-    if isinstance(exc, urllib.error.URLError):
-        reason = exc.reason
-        return classify(reason) if isinstance(reason, BaseException) else Kind.PERMANENT
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):  # urllib3's wrapper of the failure
+        return classify(exc.reason) if exc.reason is not None else Kind.PERMANENT
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):  # a wrong host name
+        return Kind.PERMANENT
+    if isinstance(exc, (urllib3.exceptions.ProtocolError, urllib3.exceptions.TimeoutError, urllib3.exceptions.ProxyError)):
+        return Kind.TRANSIENT  # a dropped or cut-off reply, a refused connection, a timeout
     if isinstance(exc, (ShortReadError, http.client.IncompleteRead, ConnectionError, socket.timeout, TimeoutError)):
         return Kind.TRANSIENT
     if isinstance(exc, http.client.HTTPException):  # a malformed or cut-off status line

@@ -14,7 +14,7 @@ from fastload._remote import _http
 from fastload._remote._arrow import ArrowStore
 from fastload._remote._objects import Store
 from fastload._remote._retry import Retrier, RetryPolicy
-from fastload.errors import MissingExtraError
+from fastload.errors import MissingExtraError, UnsupportedSchemeError
 
 _S3_SCHEMES = ("s3",)
 _GCS_SCHEMES = ("gs", "gcs")
@@ -34,8 +34,9 @@ GCS_OPTIONS = (
     "access_token", "anonymous", "credential_token_expiration", "default_bucket_location", "default_metadata",
     "endpoint_override", "project_id", "retry_time_limit", "scheme", "target_service_account",
 )  # fmt: skip
-# Names other clients use for the same thing (boto3, s3fs), to point at pyarrow's.
-_ALIASES = {
+# Names boto3, s3fs and fsspec users know, taken for pyarrow's own (``client_kwargs`` is s3fs's
+# dictionary of boto3 client arguments; only these of its keys have a pyarrow equivalent).
+S3_ALIASES = {
     "endpoint_url": "endpoint_override",
     "aws_access_key_id": "access_key",
     "aws_secret_access_key": "secret_key",
@@ -44,7 +45,12 @@ _ALIASES = {
     "secret": "secret_key",
     "token": "session_token",
     "region_name": "region",
+    "anon": "anonymous",
+    "use_ssl": "scheme",  # s3fs's switch: False is http
 }
+# gcsfs's names.
+GCS_ALIASES = {"endpoint_url": "endpoint_override", "project": "project_id"}
+_CLIENT_KWARGS = ("endpoint_url", "region_name", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 # Checked in this order when endpoint_override is not given: pyarrow reads neither.
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
@@ -61,7 +67,8 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
 
     ``storage_options`` are the client's own keyword arguments: ``pyarrow.fs.S3FileSystem``'s
     for ``s3://`` (for an S3-compatible store: ``{"endpoint_override": "http://127.0.0.1:9000",
-    "access_key": ..., "secret_key": ...}``; without them the ``AWS_*`` environment variables and
+    "access_key": ..., "secret_key": ...}``, or boto3's and s3fs's names for them:
+    :func:`pyarrow_options`; without them the ``AWS_*`` environment variables and
     ``~/.aws`` apply, and ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` set the endpoint),
     ``pyarrow.fs.GcsFileSystem``'s for ``gs://``, and ``headers`` and ``timeout_s`` for
     ``http(s)://``. fastload turns pyarrow's own retries off (``retry_strategy`` with one attempt,
@@ -69,14 +76,18 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
     transient errors, and delays S3 opens for writing (``allow_delayed_open``) so a small
     :meth:`Store.write` is one PUT; an option given explicitly wins.
 
-    Raises ``ValueError`` for a URL that is not remote or an option the client does not take
+    Raises :class:`UnsupportedSchemeError` (a ``ValueError``) for a URL that is not remote,
+    ``ValueError`` for one without a bucket or host or an option the client does not take
     (naming it and the valid ones), and :class:`MissingExtraError` where pyarrow was built
     without the S3 or GCS client.
     """
     parsed = urllib.parse.urlsplit(url)
     scheme = parsed.scheme.lower()
-    if scheme not in REMOTE_SCHEMES or not parsed.netloc:
-        raise ValueError(f"open_store({url!r}): not a remote URL; expected one of {', '.join(s + '://' for s in REMOTE_SCHEMES)} with a host or bucket")
+    if scheme not in REMOTE_SCHEMES:
+        what = f"fastload cannot read {parsed.scheme}:// URLs" if parsed.scheme else "not a URL"
+        raise UnsupportedSchemeError(f"{url}: {what}; open_store reads {', '.join(s + '://' for s in REMOTE_SCHEMES)}")
+    if not parsed.netloc:
+        raise ValueError(f"open_store({url!r}): names no host or bucket after {scheme}://")
     options = dict(storage_options or {})
     retrier = Retrier(retry or RetryPolicy())
     if scheme in _HTTP_SCHEMES:
@@ -84,17 +95,60 @@ def open_store(url: str, storage_options: Mapping[str, Any] | None = None, *, re
         return _http.HttpStore(url, options, retrier)
     base = parsed.netloc + parsed.path
     if scheme in _S3_SCHEMES:
+        options = pyarrow_options(url, options, S3_ALIASES, client_kwargs=_CLIENT_KWARGS)
         _check_options(url, options, S3_OPTIONS)
         return ArrowStore(url, _s3_filesystem(options), base, retrier, s3=True)
+    options = pyarrow_options(url, options, GCS_ALIASES)
     _check_options(url, options, GCS_OPTIONS)
     return ArrowStore(url, _gcs_filesystem(options), base, retrier, s3=False)
+
+
+def pyarrow_options(
+    url: str, options: Mapping[str, Any], aliases: Mapping[str, str], *, client_kwargs: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``options`` with other clients' names (``aliases``: :data:`S3_ALIASES`,
+    :data:`GCS_ALIASES`; and, where ``client_kwargs`` names some, those keys of s3fs's
+    ``client_kwargs`` dictionary) replaced by pyarrow's. An endpoint with a scheme (``http://host:port``)
+    becomes pyarrow's ``endpoint_override`` without it and ``scheme``, which pyarrow would
+    otherwise take as ``https`` for some spellings. Raises ``ValueError`` naming both spellings
+    where two of them give one setting different values."""
+    entries: list[tuple[str, str, Any]] = []  # (the spelling the user wrote, its name, value)
+    for name, value in options.items():
+        if name != "client_kwargs" or not client_kwargs:
+            entries.append((name, name, value))
+            continue
+        if not isinstance(value, Mapping):
+            raise ValueError(f"storage_options client_kwargs for {url}: must be a dict; got {type(value).__name__}")
+        for key, inner in value.items():
+            if key not in client_kwargs:
+                raise ValueError(
+                    f"storage_options client_kwargs {key!r} for {url}: has no pyarrow equivalent;"
+                    f" client_kwargs may hold {', '.join(client_kwargs)}"
+                )
+            entries.append((f"client_kwargs[{key!r}]", key, inner))
+    given: dict[str, tuple[str, Any]] = {}  # pyarrow's name -> (spelling, value)
+    for spelling, name, value in entries:
+        if name == "use_ssl" and aliases.get(name) == "scheme":
+            value = "https" if value else "http"
+        name = aliases.get(name, name)
+        if name == "endpoint_override" and isinstance(value, str) and "://" in value:
+            scheme, _, value = value.partition("://")
+            entries.append((f"the scheme of {spelling}", "scheme", scheme))
+            value = value.rstrip("/")
+        if name in given and given[name][1] != value:
+            raise ValueError(
+                f"storage_options for {url}: {given[name][0]}={given[name][1]!r} and {spelling}={value!r}"
+                f" set the same option (pyarrow's {name!r}) to different values; give one of them"
+            )
+        given[name] = (spelling, value)
+    return {name: value for name, (_, value) in given.items()}
 
 
 def _check_options(url: str, options: Mapping[str, Any], valid: tuple[str, ...]) -> None:
     for name in options:
         if name in valid:
             continue
-        hint = _ALIASES.get(name) or next(iter(difflib.get_close_matches(name, valid, n=1)), None)
+        hint = {**S3_ALIASES, **GCS_ALIASES}.get(name) or next(iter(difflib.get_close_matches(name, valid, n=1)), None)
         did_you_mean = f" (did you mean {hint!r}?)" if hint in valid else ""
         raise ValueError(f"storage_options {name!r} is not an option for {url}{did_you_mean}; valid options: {', '.join(valid)}")
 

@@ -178,8 +178,8 @@ def test_errors_name_the_url(
     missing = f"s3://{bucket}-missing/corpus/"
     assert convert_to(rows_file, missing, s3_server) == 2
     assert f"error: {missing}: not found" in capsys.readouterr().err
-    assert main(["index", missing, "--storage-option", "endpoint_url=x"]) == 2
-    assert "'endpoint_url' is not an option for" in capsys.readouterr().err
+    assert main(["index", missing, "--storage-option", "endpoint_overide=x"]) == 2
+    assert "'endpoint_overide' is not an option for" in capsys.readouterr().err
     assert main(["index", f"s3://{bucket}/notes/", "--storage-option", "nonsense"]) == 2
     assert "--storage-option expects KEY=VALUE, got 'nonsense'" in capsys.readouterr().err
     assert main(["convert", str(rows_file), "-o", "x.h5", "--storage-option", "region=x"]) == 2

@@ -212,3 +212,15 @@ def test_a_small_cache_with_shard_windows_gives_the_local_batches(
     cache = tmp_path / "shards"
     held = sum(p.stat().st_size for p in cache.iterdir() if not p.name.startswith("."))
     assert limit_share >= 1 or held <= total * limit_share + max(p.stat().st_size for p in corpus.glob("*.h5"))
+
+
+def test_boto3_option_names_load_the_same_batches(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
+    url = upload(s3_server, corpus, bucket)
+    local = fastload.HDF5Dataset(sorted(corpus.glob("*.h5")))
+    options = {"endpoint_url": s3_server.endpoint, "region_name": "us-east-1"}  # boto3's names
+    remote = fastload.HDF5Dataset(url, storage_options=options, cache_dir=tmp_path)
+    got = [owned(b) for b in fastload.DataLoader(remote, max_tokens=4096, num_workers=1, seed=2)]
+    expected = list(fastload.DataLoader(local, max_tokens=4096, num_workers=0, seed=2))
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in b)

@@ -13,6 +13,7 @@ from _servers import Faults
 from conftest import HttpServer, S3Server
 
 from fastload._remote import ObjectInfo, RetryPolicy, is_remote, open_store
+from fastload._remote._store import GCS_ALIASES, S3_ALIASES, pyarrow_options
 from fastload.errors import StorageError, StorageNotFoundError, StoragePermissionError
 
 MB = 1_000_000
@@ -46,11 +47,13 @@ def test_is_remote_tells_urls_from_local_paths(path: str, remote: bool) -> None:
 
 
 def test_an_unknown_option_names_itself_the_likely_one_and_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"'endpoint_url'.*did you mean 'endpoint_override'.*valid options: access_key"):
-        open_store("s3://bucket/x", {"endpoint_url": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match=r"'endpoint_overide'.*did you mean 'endpoint_override'.*valid options: access_key"):
+        open_store("s3://bucket/x", {"endpoint_overide": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match=r"'aws_access_key_id' is not an option for gs://bucket/x; valid options: access_token"):
+        open_store("gs://bucket/x", {"aws_access_key_id": "x"})
     with pytest.raises(ValueError, match=r"'timeout'.*headers, timeout_s"):
         open_store("https://example.invalid/x", {"timeout": 3})
-    with pytest.raises(ValueError, match="not a remote URL"):
+    with pytest.raises(ValueError, match=r"/local/path: not a URL; open_store reads s3://"):
         open_store("/local/path")
 
 
@@ -177,6 +180,62 @@ def test_aws_endpoint_url_from_the_environment_is_honoured(s3_server: S3Server, 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     assert open_store(f"s3://{bucket}").read("x.bin") == b"abc"
     assert len(s3_server.requests()) == 2
+
+
+@pytest.mark.parametrize(
+    "aliases",
+    [
+        {"endpoint_url": "ENDPOINT", "key": "KEY", "secret": "SECRET", "region_name": "us-east-1"},
+        {"endpoint_url": "ENDPOINT", "aws_access_key_id": "KEY", "aws_secret_access_key": "SECRET", "token": None},
+        {"client_kwargs": {"endpoint_url": "ENDPOINT", "region_name": "us-east-1", "aws_access_key_id": "KEY"},
+         "secret_key": "SECRET"},
+    ],
+)  # fmt: skip
+def test_boto3_and_s3fs_option_names_reach_the_store(
+    s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch, aliases: dict[str, object]
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")  # the keys must come from the aliases
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    values = {"ENDPOINT": s3_server.endpoint, "KEY": s3_server.credentials.access_key, "SECRET": s3_server.credentials.secret_key}
+
+    def fill(options: dict[str, object]) -> dict[str, object]:
+        return {k: fill(v) if isinstance(v, dict) else values.get(v, v) for k, v in options.items()}  # type: ignore[arg-type]
+
+    options = {k: v for k, v in fill(aliases).items() if v is not None}
+    s3_server.put(f"{bucket}/x.bin", b"abc")
+    assert open_store(f"s3://{bucket}", options).read("x.bin") == b"abc"
+    assert [r.method for r in s3_server.requests()] == ["HEAD", "GET"]  # through the endpoint given
+    with pytest.raises(StoragePermissionError):
+        open_store(f"s3://{bucket}", {**options, **({"secret": "wrong"} if "secret" in options else {"aws_secret_access_key": "wrong", "secret_key": "wrong"})}, retry=QUICK).read("x.bin")
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"endpoint_override": "http://127.0.0.1:1", "endpoint_url": "http://127.0.0.1:2"}, ("endpoint_override=", "endpoint_url=")),
+        ({"key": "a", "aws_access_key_id": "b"}, ("key='a'", "aws_access_key_id='b'")),
+        ({"secret_key": "a", "client_kwargs": {"aws_secret_access_key": "b"}}, ("secret_key='a'", "client_kwargs['aws_secret_access_key']='b'")),
+        ({"scheme": "https", "endpoint_url": "http://127.0.0.1:1"}, ("scheme='https'", "the scheme of endpoint_url='http'")),
+    ],
+)  # fmt: skip
+def test_two_spellings_of_one_option_with_different_values_are_refused(options: dict[str, object], named: tuple[str, str]) -> None:
+    with pytest.raises(ValueError, match="set the same option") as caught:
+        open_store("s3://bucket/x", options)
+    assert all(n in str(caught.value) for n in named)
+
+
+def test_two_spellings_with_one_value_and_unknown_client_kwargs() -> None:
+    open_store("s3://bucket/x", {"endpoint_override": "http://127.0.0.1:1", "endpoint_url": "http://127.0.0.1:1/", "key": "a", "access_key": "a", "secret": "b"})
+    assert pyarrow_options("s3://b", {"use_ssl": False, "endpoint_url": "127.0.0.1:9", "anon": True}, S3_ALIASES) == {
+        "scheme": "http", "endpoint_override": "127.0.0.1:9", "anonymous": True
+    }
+    gcs = {"endpoint_url": "http://127.0.0.1:9", "project": "p", "anonymous": True}  # gcsfs's names
+    assert pyarrow_options("gs://b", gcs, GCS_ALIASES) == {"endpoint_override": "127.0.0.1:9", "scheme": "http", "project_id": "p", "anonymous": True}
+    assert open_store("gs://b/x", gcs).url == "gs://b/x"
+    with pytest.raises(ValueError, match=r"use_ssl=.https.*the scheme of endpoint_url='http'"):
+        pyarrow_options("s3://b", {"use_ssl": True, "endpoint_url": "http://127.0.0.1:9"}, S3_ALIASES)
+    with pytest.raises(ValueError, match=r"client_kwargs 'verify' .* has no pyarrow equivalent; client_kwargs may hold endpoint_url"):
+        open_store("s3://bucket/x", {"client_kwargs": {"verify": False}})
 
 
 # -- S3: permanent errors fail at once ----------------------------------------------------------
