@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -309,15 +310,32 @@ def check_as_indexed(url: str, fields: Mapping[str, Field], samples: int, datase
         )
 
 
-def local_only(reader: str, **options: Any) -> None:
-    """Refuse remote-only options given for a local dataset (local files are read where they
-    are, never copied into the cache)."""
-    given = [name for name, value in options.items() if value is not None]
-    if given:
+def local_only(reader: str, *, storage_options: Mapping[str, Any] | None, cache_limit: int | str | None) -> None:
+    """Check the remote-only options given for a local dataset (local files are read where they
+    are, never copied into the cache): ``storage_options`` is refused; ``cache_limit`` is
+    checked, then ignored, and a log line says so once per process, so that code choosing
+    local or remote data by its path works with either."""
+    if storage_options is not None:
         raise ValueError(
-            f"{reader}: {', '.join(given)} apply to remote datasets (s3://, gs://, https://); "
+            f"{reader}: storage_options apply to remote datasets (s3://, gs://, https://); "
             "local files are read in place"
         )
+    if cache_limit is not None:
+        parse_size(cache_limit)
+        with _said_lock:
+            if _said:
+                return
+            _said.append(reader)
+        _log.warning(
+            "fastload: %s: cache_limit=%r is ignored for local files, which are read in place"
+            " (it bounds the cache of remote datasets); said once per process",
+            reader, cache_limit,
+        )  # fmt: skip
+
+
+_said: list[str] = []
+_said_lock = threading.Lock()
+_log = logging.getLogger("fastload")
 
 
 def _fresh(folder: CacheDir, name: str) -> bytes | None:
