@@ -91,10 +91,13 @@ class CacheDir:
         root = Path(root).absolute()
         target = root.joinpath(*parts)  # what the caller asked for, in messages
         try:
-            root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(root, 0o700)
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:  # opened first: the folder exists on every call but the first
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(root, 0o700)
+                fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise _unusable(target, exc) from exc
         path = root
@@ -112,10 +115,13 @@ class CacheDir:
                 raise problem
             for part in parts:
                 path = path / part
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o700, dir_fd=fd)
                 try:
-                    inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    try:
+                        inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    except FileNotFoundError:
+                        with contextlib.suppress(FileExistsError):
+                            os.mkdir(part, 0o700, dir_fd=fd)
+                        inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                         raise link_error(path) from exc
