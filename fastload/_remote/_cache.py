@@ -274,13 +274,14 @@ class ShardCache:
         missing = FileNotFoundError(
             errno.ENOENT, f"shard {key} is not in the cache (evicted?); get() it again", str(final)
         )
-        if not self.contains(key):  # before locking: no lock file is made for a shard not there
-            raise missing
-        with self._session():
-            held = self._lock(key, shared=True)
-        try:
-            if not self.contains(key):  # evicted while we took the lock
+        with self._existing() as folder:
+            if folder is None or folder.trusted(key) is None:  # no lock file for a shard not there
                 raise missing
+            held = self._lock(key, shared=True)
+            if folder.trusted(key) is None:  # evicted while we took the lock
+                held.release()
+                raise missing
+        try:
             yield final
         finally:
             held.release()
