@@ -111,9 +111,12 @@ def eviction_order(keys: list[str], next_use: Mapping[str, float]) -> list[str]:
 
 
 class ShardCache:
-    """Complete, verified shards in ``root`` (default ``cache_root() / "shards"``), shared by all
-    processes and threads of the machine, bounded by ``limit`` bytes (an int, a string for
-    :func:`parse_size`, or ``None`` for no bound) through :meth:`make_room`.
+    """Complete, verified shards in ``root``, or in its subfolder ``folder`` (default
+    ``cache_root() / "shards"``), shared by all processes and threads of the machine, bounded by
+    ``limit`` bytes (an int, a string for :func:`parse_size`, or ``None`` for no bound) through
+    :meth:`make_room`. ``root`` is checked as the cache root, ``folder`` opened below it without
+    following a link (``_storage._safe``); a folder that is not this user's alone raises
+    :class:`CacheError` when the cache is first used.
 
     A wait for another process's lock gives up after ``timeout_s`` with a :class:`CacheError`
     naming the holder. A part older than ``keep_parts_s`` whose writer is gone is deleted when the
@@ -129,8 +132,6 @@ class ShardCache:
         timeout_s: float = 3600.0,
         keep_parts_s: float = KEEP_PARTS_S,
     ) -> None:
-        # ``root`` is checked as the cache root (ours, written by nobody else); ``folder`` below it
-        # is opened without following links (see _storage._safe).
         if root is None:
             root, folder = cache_root(), "shards"
         self._base = Path(root).absolute()
