@@ -237,7 +237,10 @@ class RemoteSource:
         record = folder.trusted(name)
         if record is None or not record.get("version"):
             return None
-        info = self.store().info(INDEX_NAME)
+        try:
+            info = self.store().info(INDEX_NAME)
+        except StorageNotFoundError:
+            return None  # deleted since: the caller finds out, and derives one
         if [info.version, info.size] != [record["version"], record.get("size")]:
             return None
         data = folder.read(name)

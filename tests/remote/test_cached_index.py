@@ -119,3 +119,15 @@ def test_a_link_at_the_index_lock_is_refused_and_its_target_left_alone(
     with pytest.raises(CacheError, match=rf"{lock.name}.* symbolic link"):
         _open(url, s3_server, cache)
     assert victim.read_bytes() == b"mine\n"
+
+
+def test_a_stale_index_deleted_from_the_store_gives_way_to_a_derived_one(
+    s3_server: Any, bucket: str, folders: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = _upload(s3_server, folders[0], bucket)
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(_remote_source, "INDEX_FRESH_S", 0.0)
+    _open(url, s3_server, cache)
+    s3_server.filesystem().delete_file(f"{bucket}/corpus/{INDEX_NAME}")
+    with pytest.warns(UserWarning, match=r"not found: listed 4 shards"):
+        assert len(_open(url, s3_server, cache).files) == 4
