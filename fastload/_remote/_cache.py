@@ -50,7 +50,7 @@ from pathlib import Path, PurePosixPath
 
 from fastload._storage import CACHE_REMEDY, cache_root
 from fastload._storage._lock import HeldLock, holder, lock, try_lock
-from fastload._storage._safe import TEMP_SUFFIX, CacheDir
+from fastload._storage._safe import RECORD_SUFFIX, TEMP_SUFFIX, CacheDir
 from fastload.errors import CacheError, FastloadError, StorageError
 
 #: Errors of a fetch that mean the cache's disk, not the store, failed: they become CacheError.
@@ -63,7 +63,6 @@ _STEM_MAX = 48
 _PART = ".part"
 _LOCK = ".lock"
 _EVICT_LOCK = ".evict.lock"
-_RECORD = ".ok"
 _READ_CHUNK = 1 << 20
 _ATTEMPTS = 2  # the first download, and one from scratch after a wrong size or checksum
 #: A part younger than this survives the clean-up on open: a restart after ``kill -9`` follows
@@ -562,8 +561,8 @@ def _owner_of(name: str) -> str | None:
     """The key whose record (``.KEY.ok``) or record's temporary ``name`` is, else ``None``."""
     if name.startswith("..") and name.endswith(TEMP_SUFFIX):
         name = name[1:].rpartition(".")[0].rpartition(".")[0]
-    if name.startswith(".") and name.endswith(_RECORD):
-        return name[1 : -len(_RECORD)]
+    if name.startswith(".") and name.endswith(RECORD_SUFFIX):
+        return name[1 : -len(RECORD_SUFFIX)]
     return None
 
 

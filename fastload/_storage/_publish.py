@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fastload._storage._lock import HeldLock, lock, try_lock
 from fastload._storage._root import CACHE_REMEDY
-from fastload._storage._safe import TEMP_SUFFIX, CacheDir
+from fastload._storage._safe import RECORD_SUFFIX, TEMP_SUFFIX, CacheDir
 from fastload.errors import CacheError, FastloadError
 
 
@@ -154,8 +154,8 @@ def _final_name(temporary: str) -> str | None:
     name, dot, tag = temporary[1 : -len(TEMP_SUFFIX)].rpartition(".")
     if not (dot and name and "-" in tag):
         return None
-    if name.startswith(".") and name.endswith(".ok"):
-        return name[1:-3] or None
+    if name.startswith(".") and name.endswith(RECORD_SUFFIX):
+        return name[1 : -len(RECORD_SUFFIX)] or None
     return name
 
 

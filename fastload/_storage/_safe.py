@@ -32,7 +32,7 @@ from fastload._storage._root import CACHE_ENV, CACHE_REMEDY
 from fastload.errors import CacheError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_RECORD = ".ok"
+RECORD_SUFFIX = ".ok"
 TEMP_SUFFIX = ".tmp"
 _RECORD_MAX_BYTES = 1 << 16
 
@@ -235,7 +235,7 @@ class CacheDir:
 
     @staticmethod
     def record_name(name: str) -> str:
-        return f".{name}{_RECORD}"
+        return f".{name}{RECORD_SUFFIX}"
 
     def record(self, name: str, **facts: Any) -> dict[str, Any]:
         """Tie ``name`` (a regular file we just finished) to what it is now, with ``facts``
