@@ -26,7 +26,6 @@ again. Shards are read by up to :data:`THREADS` threads, the store's requests be
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import warnings
@@ -131,14 +130,12 @@ def cached_derived_index(path: Path, folder: str, cached: bytes) -> DatasetIndex
     return index
 
 
-def derived_index(store: Store, path: Path, folder: str) -> DatasetIndex:
-    """:func:`derive_index` of the dataset at ``folder``, written to ``path`` (atomically) for
-    the node's other processes and loaders; the caller holds the node's lock of the index.
-    Warns once per process and folder (:func:`warn_derived`)."""
+def derived_index(store: Store, keep: Callable[[bytes], None], folder: str) -> DatasetIndex:
+    """:func:`derive_index` of the dataset at ``folder``, handed to ``keep`` as JSON (it caches
+    it for the node's other processes and loaders; the caller holds the node's lock of the
+    index). Warns once per process and folder (:func:`warn_derived`)."""
     index, seconds = timed(lambda: derive_index(store))
-    temporary = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}")
-    temporary.write_bytes(index.to_json())
-    os.replace(temporary, path)
+    keep(index.to_json())
     warn_derived(folder, len(index.shards), seconds)
     return index
 

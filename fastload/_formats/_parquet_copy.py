@@ -9,7 +9,9 @@ memory-mapped and read like any IPC file: numeric fields by one gather from the 
 The copy lives under ``<cache root>/parquet/``, named after the file's absolute path, size and
 modification time and the columns (``_storage.derived_path``): a changed file gets a new copy,
 and the copies of its earlier versions are deleted when the new one is published. Publication
-is atomic and happens once per machine however many processes ask (``_storage.publish``).
+is atomic and happens once per machine however many processes ask (``_storage.publish``); a
+copy is read only while it is the very file published (its record says so), so one replaced or
+planted since is decoded again, never served.
 Memory stays bounded by one row group's decoded columns.
 """
 
@@ -61,10 +63,11 @@ def decoded_copy(
         raise DataFileNotFoundError(f"{source}: no such file or directory", source) from exc
     variant = json.dumps({"layout": _LAYOUT, "columns": columns})
     copy = derived_path(directory, version, variant, ".arrow")
+    root = directory.parent  # the cache root: its folders are checked from there (_storage._safe)
     for attempt in range(2):
-        if publish(copy, lambda t: _decode(source, version, columns, t), timeout_s=DECODE_WAIT_S):
+        if publish(copy, lambda t: _decode(source, version, columns, t), timeout_s=DECODE_WAIT_S, root=root):
             for older in other_versions(copy):
-                remove(older)
+                remove(older, root=root)
         try:
             segments = open_segments(str(copy))
         except DataFormatError as exc:
@@ -76,7 +79,7 @@ def decoded_copy(
             segments.close()
             problem = f"{copy}: holds {found} rows, not {num_rows}"
         if attempt == 0:
-            remove(copy)  # damaged after it was published: decode again
+            remove(copy, root=root)  # damaged after it was published: decode again
     raise DataFormatError(
         f"{copy_name(source, copy)}: the copy cannot be read after decoding it again"
         f" ({problem}); delete it, or pass cache_dir=False to read the Parquet file directly"

@@ -7,7 +7,10 @@ shards they read, each once, in order of first use, with a few downloads at a ti
 transfers release the GIL). Where the cache is bounded it makes room as Belady's rule says:
 evict the shard whose next use is furthest away (or never), and never one needed sooner than the
 shard it makes room for; when no such room can be made, the prefetcher waits for the consumer to
-move on. The workers read shards from the cache; one whose shard has not arrived downloads it
+move on. A shard fetched during this epoch (by the prefetcher or a worker) is never evicted while
+the epoch still reads it: it would be fetched twice, so only shards the epoch is done with, and
+shards cached before it began, make room (with a cache of two shard windows, each shard is then
+fetched at most once per epoch). The workers read shards from the cache; one whose shard has not arrived downloads it
 itself (the first batch waits for its own shard only), so prefetching is never needed for
 correctness, only for speed.
 """
@@ -74,6 +77,8 @@ class ShardPrefetcher:
         self._walked = 0  # batches mapped so far
         self._exhausted = False
         self._done: set[int] = set()  # shards known to be in the cache
+        # Keys cached before this epoch: the only live shards eviction may take (see the module).
+        self._before: set[str] | None = None
         self._flight: set[int] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -131,6 +136,8 @@ class ShardPrefetcher:
 
     def _step(self) -> bool:
         """Start what can start now; False when there is nothing to do until something changes."""
+        if self._before is None:
+            self._before = set(self._source.cache().shards())
         now = self._consumed()
         self._walk(now + _CHUNK)
         with self._lock:
@@ -194,6 +201,10 @@ class ShardPrefetcher:
         need = source.index.shards[shard].bytes
         keys = {source.key(s): s for s in self._uses}
         uses = {key: self._next_use(s, now) for key, s in keys.items()}
+        before = self._before or set()
+        for key, use in uses.items():
+            if use != math.inf and key not in before:
+                uses[key] = -math.inf  # fetched this epoch and read again: never evicted
         limit = source.cache_limit
         used = cache.usage()
         if used + need <= limit:
@@ -206,7 +217,8 @@ class ShardPrefetcher:
         # Downloads in flight may publish between the count above and the eviction: bounded by
         # ``later_than``, the eviction then leaves it short instead of dropping a shard needed
         # sooner (which would be fetched twice in the epoch).
-        cache.make_room(need, uses, later_than=next_use)
+        evicted = cache.make_room(need, uses, later_than=next_use)
+        before.difference_update(evicted)  # fetched again, it counts as this epoch's
         return cache.usage() + need <= limit
 
     def _start(self, shard: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from fastload._remote._cache import ShardCache, parse_size
 from fastload._remote._store import Store, open_store
 from fastload._storage import cache_root
 from fastload._storage._lock import lock
+from fastload._storage._safe import CacheDir
 from fastload._types import Field, StorageCounts
 from fastload.errors import (
     DataFileNotFoundError,
@@ -34,9 +36,17 @@ from fastload.errors import (
     StorageNotFoundError,
 )
 
-#: A cached index younger than this is used without asking the store (one request per node per
-#: job); an older one is fetched again.
+#: A cached index fetched less than this long ago is used without asking the store (one request
+#: per node per job); an older one is revalidated (see NOTE [cached index]).
 INDEX_FRESH_S = 600.0
+
+# NOTE [cached index]
+# An index is cached in ``<cache root>/indexes/`` (``_storage._safe``: our folder, no link
+# followed) with a record of the file we wrote, when we fetched it (our clock, never a file's
+# time) and the store's version and size of the object. Within INDEX_FRESH_S of the fetch it is
+# used as it is; after that, or when our clock says the fetch lies in the future, a HEAD (stat)
+# of the object revalidates it: the same version and size keep it (fresh again), anything else
+# fetches it again. A file there that is not the one we wrote is never used.
 _GLOB_CHARS = frozenset("*?[")
 
 
@@ -99,7 +109,7 @@ class RemoteSource:
     def cache(self) -> ShardCache:
         self._own_process()
         if self._cache is None:
-            self._cache = ShardCache(self.cache_root / "shards", self.cache_limit)
+            self._cache = ShardCache(self.cache_root, self.cache_limit, folder="shards")
         return self._cache
 
     def _own_process(self) -> None:
@@ -189,30 +199,55 @@ class RemoteSource:
         """The index, from this node's cache when fresh, else from the store (one GET; the
         node's processes and loaders wait for one another instead of each asking). Without an
         index file, one derived from a listing and the shards' footers, cached alike
-        (``_discover_remote``)."""
+        (``_discover_remote``). See NOTE [cached index]."""
         where = self.folder + INDEX_NAME
         digest = hashlib.sha256(where.encode()).hexdigest()[:32]
-        local = self.cache_root / "indexes" / f"{digest}.json"
-        local.parent.mkdir(parents=True, exist_ok=True)
-        with lock(local.with_suffix(".lock"), timeout_s=600.0):
-            data = _fresh(local)
-            if data is None:
-                derived = local.with_name(f"{digest}.derived.json")
-                cached = _fresh(derived)
-                if cached is not None:
-                    return cached_derived_index(derived, self.folder, cached)
-                try:
-                    data = self.store().read(INDEX_NAME)
-                except StorageNotFoundError:
-                    return derived_index(self.store(), derived, self.folder)
-                temporary = local.with_name(f".{local.name}.{os.getpid()}-{threading.get_ident()}")
-                temporary.write_bytes(data)
-                os.replace(temporary, local)
+        name, derived = f"{digest}.json", f"{digest}.derived.json"
+        folder = CacheDir.open(self.cache_root, "indexes")
         try:
-            return DatasetIndex.from_json(data, where)
-        except DataFormatError:
-            local.unlink(missing_ok=True)  # not kept: the next loader asks the store again
-            raise
+            with lock(folder.path / f"{digest}.lock", timeout_s=600.0, directory=folder):
+                data = self._cached_index(folder, name)
+                if data is None:
+                    cached = _fresh(folder, derived)
+                    if cached is not None:
+                        return cached_derived_index(folder.path / derived, self.folder, cached)
+                    try:
+                        data = self.store().read(INDEX_NAME)
+                    except StorageNotFoundError:
+                        return derived_index(self.store(), lambda text: _keep(folder, derived, text), self.folder)
+                    # After the GET: a HEAD of a missing object costs S3 a listing too. A version
+                    # that does not match the bytes' size is not kept (revalidation then refetches).
+                    info = self.store().info(INDEX_NAME)
+                    version = info.version if info.size == len(data) else ""
+                    _keep(folder, name, data, version=version, size=info.size)
+            try:
+                return DatasetIndex.from_json(data, where)
+            except DataFormatError:
+                folder.forget(name)  # not kept: the next loader asks the store again
+                raise
+        finally:
+            folder.close()
+
+    def _cached_index(self, folder: CacheDir, name: str) -> bytes | None:
+        """This node's copy of the index file if it is fresh, or still the store's version (a
+        HEAD or stat says so), else ``None``."""
+        data = _fresh(folder, name)
+        if data is not None:
+            return data
+        record = folder.trusted(name)
+        if record is None or not record.get("version"):
+            return None
+        try:
+            info = self.store().info(INDEX_NAME)
+        except StorageNotFoundError:
+            return None  # deleted since: the caller finds out, and derives one
+        if [info.version, info.size] != [record["version"], record.get("size")]:
+            return None
+        data = folder.read(name)
+        if data is None or len(data) != info.size:
+            return None
+        _keep(folder, name, data, version=info.version, size=info.size)
+        return data
 
 
 #: Environment variables the storage clients read (credentials, endpoints, regions, profiles).
@@ -278,24 +313,50 @@ def check_as_indexed(url: str, fields: Mapping[str, Field], samples: int, datase
         )
 
 
-def local_only(reader: str, **options: Any) -> None:
-    """Refuse remote-only options given for a local dataset (local files are read where they
-    are, never copied into the cache)."""
-    given = [name for name, value in options.items() if value is not None]
-    if given:
+def local_only(reader: str, *, storage_options: Mapping[str, Any] | None, cache_limit: int | str | None) -> None:
+    """Check the remote-only options given for a local dataset (local files are read where they
+    are, never copied into the cache): ``storage_options`` is refused; ``cache_limit`` is
+    checked, then ignored, and a log line says so once per process, so that code choosing
+    local or remote data by its path works with either."""
+    if storage_options is not None:
         raise ValueError(
-            f"{reader}: {', '.join(given)} apply to remote datasets (s3://, gs://, https://); "
+            f"{reader}: storage_options apply to remote datasets (s3://, gs://, https://); "
             "local files are read in place"
         )
+    if cache_limit is not None:
+        parse_size(cache_limit)
+        with _said_lock:
+            if _said:
+                return
+            _said.append(reader)
+        _log.warning(
+            "fastload: %s: cache_limit=%r is ignored for local files, which are read in place"
+            " (it bounds the cache of remote datasets); said once per process",
+            reader, cache_limit,
+        )  # fmt: skip
 
 
-def _fresh(path: Path) -> bytes | None:
-    try:
-        if time.time() - path.stat().st_mtime < INDEX_FRESH_S:
-            return path.read_bytes()
-    except FileNotFoundError:
-        pass
-    return None
+_said: list[str] = []
+_said_lock = threading.Lock()
+_log = logging.getLogger("fastload")
+
+
+def _fresh(folder: CacheDir, name: str) -> bytes | None:
+    """The bytes of cached ``name`` if it is the file we wrote and we fetched it less than
+    :data:`INDEX_FRESH_S` ago (by our record: a fetch time ahead of the clock is not fresh)."""
+    record = folder.trusted(name)
+    if record is None:
+        return None
+    fetched = record.get("fetched_at")
+    if not isinstance(fetched, (int, float)) or not 0 <= time.time() - fetched < INDEX_FRESH_S:
+        return None
+    return folder.read(name)
+
+
+def _keep(folder: CacheDir, name: str, data: bytes, **facts: object) -> None:
+    """Cache ``data`` as ``name`` with its record: fetched now, and ``facts``."""
+    folder.write_new(name, data)
+    folder.record(name, fetched_at=time.time(), **facts)
 
 
 __all__ = [

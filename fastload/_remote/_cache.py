@@ -5,20 +5,27 @@ Layout of the cache directory ``D`` (one file per name; everything that is not a
 with a dot, so a shard is exactly a regular file whose name does not):
 
 ``D/KEY``           a complete, verified shard
+``D/.KEY.ok``       its record: the inode, size, mtime and ctime of the file we verified
 ``D/.KEY.part``     its download in progress, or left by a killed process (resumed)
 ``D/.KEY.lock``     its lock file: exclusive while downloading or evicting, shared while pinned
 ``D/.evict.lock``   serializes eviction, so two processes making room do not both evict
 
+``D`` is opened as ``_storage._safe`` says: this user's, written by nobody else, every entry
+opened relative to it without following links (a link at a lock or a part is a CacheError).
+
 NOTE [download protocol]
-1. ``get`` returns ``D/KEY`` when it exists, taking no lock: a shard appears under that name only
-   by a rename of a verified, fsynced file (step 4), so whatever is there is whole.
+1. ``get`` returns ``D/KEY`` when its record says it is the file this cache verified, taking no
+   lock: a shard gets a record only after a rename of a verified, fsynced file (step 4), so a
+   file there without one, or another file put there since, is never served.
 2. Otherwise it takes ``.KEY.lock`` exclusively, waiting while another process or thread holds it,
-   and looks again: the holder may have just published it.
+   and looks again: the holder may have just published it. A file without a record that has the
+   right size and sha256 (from an earlier version of the cache) gets one; any other is deleted.
 3. Still missing: it opens ``.KEY.part`` and calls ``fetch(fd, start)`` with ``start`` the part's
    size, so a part left by a killed process is resumed (no process can be writing it: we hold
    the lock).
-4. It checks the size and the sha256, fsyncs, renames the part to ``KEY`` and fsyncs ``D``. A
-   wrong size or checksum deletes the part and downloads once more from byte 0, then fails.
+4. It checks the size and the sha256, fsyncs, renames the part to ``KEY``, writes its record
+   (atomically) and fsyncs ``D``. A wrong size or checksum deletes the part and downloads once
+   more from byte 0, then fails.
 
 So a shard is downloaded once per machine however many processes and threads ask (``flock``
 locks belong to an open file, so threads of one process exclude each other too), and a process
@@ -34,14 +41,16 @@ import json
 import math
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from fastload._storage import CACHE_REMEDY, cache_root, fsync_path
+from fastload._storage import CACHE_REMEDY, cache_root
 from fastload._storage._lock import HeldLock, holder, lock, try_lock
+from fastload._storage._safe import RECORD_SUFFIX, TEMP_SUFFIX, CacheDir
 from fastload.errors import CacheError, FastloadError, StorageChecksumError
 
 #: Errors of a fetch that mean the cache's disk, not the store, failed: they become CacheError.
@@ -101,9 +110,12 @@ def eviction_order(keys: list[str], next_use: Mapping[str, float]) -> list[str]:
 
 
 class ShardCache:
-    """Complete, verified shards in ``root`` (default ``cache_root() / "shards"``), shared by all
-    processes and threads of the machine, bounded by ``limit`` bytes (an int, a string for
-    :func:`parse_size`, or ``None`` for no bound) through :meth:`make_room`.
+    """Complete, verified shards in ``root``, or in its subfolder ``folder`` (default
+    ``cache_root() / "shards"``), shared by all processes and threads of the machine, bounded by
+    ``limit`` bytes (an int, a string for :func:`parse_size`, or ``None`` for no bound) through
+    :meth:`make_room`. ``root`` is checked as the cache root, ``folder`` opened below it without
+    following a link (``_storage._safe``); a folder that is not this user's alone raises
+    :class:`CacheError` when the cache is first used.
 
     A wait for another process's lock gives up after ``timeout_s`` with a :class:`CacheError`
     naming the holder. A part older than ``keep_parts_s`` whose writer is gone is deleted when the
@@ -115,10 +127,15 @@ class ShardCache:
         root: Path | None = None,
         limit: int | str | None = None,
         *,
+        folder: str | None = None,
         timeout_s: float = 3600.0,
         keep_parts_s: float = KEEP_PARTS_S,
     ) -> None:
-        self.root = (cache_root() / "shards") if root is None else Path(root).absolute()
+        if root is None:
+            root, folder = cache_root(), "shards"
+        self._base = Path(root).absolute()
+        self._parts = () if folder is None else (folder,)
+        self.root = self._base.joinpath(*self._parts)
         self.limit = None if limit is None else parse_size(limit, option="cache_limit")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be a positive number of seconds; got {timeout_s!r}")
@@ -128,6 +145,7 @@ class ShardCache:
         self.keep_parts_s = float(keep_parts_s)
         self._opened = False
         self._opening = threading.Lock()
+        self._local = threading.local()  # the folder open during this thread's call (_session)
 
     @staticmethod
     def key(url: str, name: str, version: str) -> str:
@@ -146,15 +164,18 @@ class ShardCache:
         """Delete shard ``key`` unless it is pinned or being written: the bytes freed, or
         ``None`` when it stays (or is not there)."""
         self._final(key)  # checks the key
-        return self._evict(key)
+        with self._existing() as folder:
+            return None if folder is None else self._evict(key)
 
     def shards(self) -> dict[str, int]:
         """The complete shards in the cache and their sizes (a scan of the directory)."""
         return self._shards()
 
     def contains(self, key: str) -> bool:
-        """Whether a complete shard ``key`` is in the cache now."""
-        return self._final(key).is_file()
+        """Whether a complete shard ``key``, the very file this cache verified, is there now."""
+        self._final(key)
+        with self._existing() as folder:
+            return folder is not None and folder.trusted(key) is not None
 
     def usage(self) -> int:
         """Bytes of the complete shards in the cache (one ``scandir`` pass and a stat per file;
@@ -170,52 +191,74 @@ class ShardCache:
 
         Raises :class:`StorageError` naming ``source`` (the URL; the key when not given) and both
         values when the size or checksum is wrong twice; :class:`CacheError` naming the directory
-        when the disk is full or the directory unusable (no part is kept then). Whatever ``fetch``
-        raises otherwise propagates and its part stays, to be resumed.
+        when the disk is full or the directory unusable (no part is kept then), or naming the
+        file when a link is where the cache keeps one. Whatever ``fetch`` raises otherwise
+        propagates and its part stays, to be resumed.
         """
         final = self._final(key)
         if size < 0:
             raise ValueError(f"size must be a number of bytes >= 0; got {size!r}")
         if checksum is not None and not _SHA256.fullmatch(checksum):
             raise ValueError(f"checksum must be a sha256 in lowercase hex or None; got {checksum!r}")
-        if _size_of(final) == size:
-            return final
-        self._open()
-        held = self._download_lock(key, final, size)
-        if held is None:
-            return final  # another process downloaded it while we waited
-        with held:
-            found = _size_of(final)
-            if found == size:
+        with self._session() as folder:
+            if _trusted(folder, key, size):
                 return final
-            if found is not None:  # damaged or replaced behind our back: download it again
-                final.unlink()
-            self._download(key, size, checksum, fetch, source or key)
+            held = self._download_lock(key, size)
+            if held is None:
+                return final  # another process downloaded it while we waited
+            with held:
+                if _trusted(folder, key, size) or self._adopt(key, size, checksum):
+                    return final
+                folder.forget(key)  # not the file we verified (replaced, touched, a link): fetch it
+                self._download(key, size, checksum, fetch, source or key)
         return final
 
-    def _download_lock(self, key: str, final: Path, size: int) -> HeldLock | None:
+    def _adopt(self, key: str, size: int, checksum: str | None) -> bool:
+        """Trust the regular file at ``key`` that has no record (kept by an earlier version of
+        the cache) if its size and checksum are right: read whole once, instead of fetched."""
+        folder = self._open()
+        info = folder.lstat(key)
+        if checksum is None or info is None or not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return False
+        try:
+            fd = folder.open_file(key, os.O_RDONLY)
+        except FastloadError:
+            return False
+        try:
+            if _sha256(fd) != checksum:
+                return False
+        finally:
+            os.close(fd)
+        folder.record(key, size=size, sha256=checksum)
+        return True
+
+    def _download_lock(self, key: str, size: int) -> HeldLock | None:
         """The exclusive lock to download ``key``, or ``None`` once the shard is complete.
 
         Not a blocking wait on the lock: the process that downloads a shard usually pins it
         at once (a shared lock on the same file) and keeps it pinned while it reads, so a
         waiter would wait as long as that reader reads (and two readers each waiting for a
         shard the other has pinned, forever). The waiter polls for the lock or the file."""
+        folder = self._open()
         deadline = time.monotonic() + self.timeout_s
         pause = 0.001
         while True:
             try:
-                held = try_lock(self._lock_file(key))
+                held = try_lock(self._lock_file(key), directory=folder)
+            except FastloadError:
+                raise
             except OSError as exc:  # a directory we cannot write: say so, do not wait
                 raise self._disk_error(exc) from exc
             if held is not None:
                 return held
-            if _size_of(final) == size:
+            if _trusted(folder, key, size):
                 return None
             if time.monotonic() > deadline:
                 path = self._lock_file(key)
                 raise CacheError(
                     f"{path}: waited {self.timeout_s:g} s for another process: {path} is locked "
-                    f"by {holder(path)}; if that process is stuck, stop it (its lock goes with it)",
+                    f"by {holder(path, folder)}; if that process is stuck, stop it (its lock goes"
+                    " with it)",
                     self.root, errno.ETIMEDOUT,
                 )  # fmt: skip
             time.sleep(pause)
@@ -231,12 +274,14 @@ class ShardCache:
         missing = FileNotFoundError(
             errno.ENOENT, f"shard {key} is not in the cache (evicted?); get() it again", str(final)
         )
-        if not final.is_file():  # before locking: no lock file is made for a shard not there
-            raise missing
-        held = self._lock(key, shared=True)
-        try:
-            if not final.is_file():  # evicted while we took the lock
+        with self._existing() as folder:
+            if folder is None or folder.trusted(key) is None:  # no lock file for a shard not there
                 raise missing
+            held = self._lock(key, shared=True)
+            if folder.trusted(key) is None:  # evicted while we took the lock
+                held.release()
+                raise missing
+        try:
             yield final
         finally:
             held.release()
@@ -260,9 +305,8 @@ class ShardCache:
             raise ValueError(f"need must be a number of bytes >= 0; got {need!r}")
         if self.limit is None:
             return []
-        self._open()
         evicted: list[str] = []
-        with self._held(self.root / _EVICT_LOCK, shared=False):
+        with self._session(), self._held(self.root / _EVICT_LOCK, shared=False):
             shards = self._shards()
             excess = sum(shards.values()) + need - self.limit
             for key in eviction_order(list(shards), next_use):
@@ -276,35 +320,41 @@ class ShardCache:
 
     def clean_leftovers(self, *, older_than_s: float = 0.0) -> list[Path]:
         """Delete the parts no live process is writing (their lock is free) that were last
-        written more than ``older_than_s`` ago, and lock files that guard nothing; return the
-        parts deleted. A part being written, and any shard, is left alone."""
+        written more than ``older_than_s`` ago, records and temporaries of shards no longer
+        there, and lock files that guard nothing; return the parts deleted. A part being
+        written, and any shard, is left alone."""
+        with self._existing() as folder:
+            return [] if folder is None else self._clean(folder, older_than_s)
+
+    def _clean(self, folder: CacheDir, older_than_s: float) -> list[Path]:
         removed: list[Path] = []
         now = time.time()
         try:
-            names = sorted(e.name for e in os.scandir(self.root))
-        except FileNotFoundError:
-            return removed
+            names = sorted(folder.names())
         except OSError as exc:
             raise self._disk_error(exc) from exc
         for name in names:
             if not (name.startswith(".") and name.endswith(_PART)):
                 continue
             key = name[1 : -len(_PART)]
-            part = self.root / name
             held = self._try_lock(key)
             if held is None:
                 continue
             with held:
-                try:
-                    if now - part.stat().st_mtime >= older_than_s:
-                        part.unlink()
-                        removed.append(part)
-                except FileNotFoundError:
-                    pass
+                info = folder.lstat(name)
+                if info is not None and now - info.st_mtime >= older_than_s:
+                    folder.unlink(name)
+                    removed.append(self.root / name)
+        for name in names:
+            owner = _owner_of(name)
+            if owner is not None and _KEY.fullmatch(owner) and (record_lock := self._try_lock(owner)) is not None:
+                with record_lock:  # a record's temporary is written under its shard's lock
+                    if name.endswith(TEMP_SUFFIX) or folder.lstat(owner) is None:
+                        folder.unlink(name)
         for name in names:
             if name.startswith(".") and name.endswith(_LOCK) and name != _EVICT_LOCK:
                 key = name[1 : -len(_LOCK)]
-                if not self._final(key).exists() and not self._part(key).exists():
+                if _KEY.fullmatch(key) and folder.lstat(key) is None and folder.lstat(self._part(key).name) is None:
                     self._drop_lock_file(key)  # looks again under the lock
         return removed
 
@@ -324,51 +374,67 @@ class ShardCache:
     def _lock_file(self, key: str) -> Path:
         return self.root / f".{key}{_LOCK}"
 
-    def _open(self) -> None:
-        """Create the directory and clean old leftovers, once per instance."""
-        with self._opening:
-            if self._opened:
-                return
-            try:
-                self.root.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise self._disk_error(exc) from exc
-            self.clean_leftovers(older_than_s=self.keep_parts_s)
-            self._opened = True
+    @contextmanager
+    def _existing(self) -> Iterator[CacheDir | None]:
+        """:meth:`_session`, or ``None`` when the directory does not exist (looking creates
+        nothing)."""
+        if getattr(self._local, "folder", None) is None and not self.root.exists():
+            yield None
+        else:
+            with self._session() as folder:
+                yield folder
+
+    @contextmanager
+    def _session(self) -> Iterator[CacheDir]:
+        """The directory, created and checked (``_storage._safe``), open while this call of a
+        public method runs (in this thread; nested calls share it) and closed after, so that no
+        descriptor outlives the call; old leftovers are cleaned on the first, once per
+        instance."""
+        current: CacheDir | None = getattr(self._local, "folder", None)
+        if current is not None:
+            yield current
+            return
+        folder = CacheDir.open(self._base, *self._parts)
+        self._local.folder = folder
+        try:
+            with self._opening:
+                first, self._opened = not self._opened, True
+            if first:
+                self._clean(folder, self.keep_parts_s)
+            yield folder
+        finally:
+            self._local.folder = None
+            folder.close()
+
+    def _open(self) -> CacheDir:
+        """The directory of the running :meth:`_session`."""
+        folder: CacheDir | None = getattr(self._local, "folder", None)
+        assert folder is not None, "only within a _session"
+        return folder
 
     def _shards(self) -> dict[str, int]:
-        shards: dict[str, int] = {}
-        try:
-            entries = list(os.scandir(self.root))
-        except FileNotFoundError:
-            return shards
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            try:
-                if entry.is_file(follow_symlinks=False):
-                    shards[entry.name] = entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:
-                pass  # evicted while we looked
-        return shards
+        with self._existing() as folder:
+            return {} if folder is None else _shards_in(folder)
 
     def _lock(self, key: str, *, shared: bool = False) -> HeldLock:
         return self._held(self._lock_file(key), shared=shared)
 
     def _held(self, path: Path, *, shared: bool) -> HeldLock:
         try:
-            return lock(path, timeout_s=self.timeout_s, shared=shared)
+            return lock(path, timeout_s=self.timeout_s, shared=shared, directory=self._open())
         except TimeoutError as exc:
             raise CacheError(
                 f"{path}: waited {self.timeout_s:g} s for another process: {exc}",
                 self.root, errno.ETIMEDOUT,
             ) from exc
+        except FastloadError:
+            raise
         except OSError as exc:
             raise self._disk_error(exc) from exc
 
     def _try_lock(self, key: str) -> HeldLock | None:
         try:
-            return try_lock(self._lock_file(key))
+            return try_lock(self._lock_file(key), directory=self._open())
         except OSError:
             return None  # a directory we cannot write: nothing of it can be ours to delete
 
@@ -378,41 +444,45 @@ class ShardCache:
         held = self._try_lock(key)
         if held is None:
             return None
+        folder = self._open()
         with held:
-            final = self._final(key)
-            try:
-                freed = final.stat().st_size
-                final.unlink()
-            except FileNotFoundError:
+            info = folder.lstat(key)
+            if info is None:
                 return None
+            folder.forget(key)
             held.unlink()  # see _storage._lock: a waiter on the old file moves to a new one
-        return freed
+        return info.st_size
 
     def _drop_lock_file(self, key: str) -> None:
         held = self._try_lock(key)
         if held is None:
             return
+        folder = self._open()
         with held:
-            if not self._final(key).exists() and not self._part(key).exists():
+            if folder.lstat(key) is None and folder.lstat(self._part(key).name) is None:
                 held.unlink()
 
     def _download(self, key: str, size: int, checksum: str | None, fetch: Fetch, source: str) -> None:
         """Steps 3 and 4 of NOTE [download protocol]; only under ``key``'s exclusive lock."""
-        part = self._part(key)
+        folder = self._open()
+        part = self._part(key).name
         for attempt in range(_ATTEMPTS):
             try:
                 got_size, got_sum = self._fill(part, size, fetch)
                 if got_size == size and (checksum is None or got_sum == checksum):
                     try:
-                        os.replace(part, self._final(key))
-                        fsync_path(self.root)
+                        folder.replace(part, key)
+                        folder.record(key, size=size, sha256=got_sum)
+                        folder.fsync()
+                    except FastloadError:
+                        raise
                     except OSError as exc:
                         raise self._disk_error(exc) from exc
                     return
             except CacheError:
-                part.unlink(missing_ok=True)  # a full disk should not stay full of our part
+                folder.unlink(part)  # a full disk should not stay full of our part (nor a link)
                 raise
-            part.unlink()
+            folder.unlink(part)
             if attempt + 1 == _ATTEMPTS:
                 raise StorageChecksumError(
                     f"{source}: the download of shard {key} is {got_size} bytes with sha256"
@@ -424,13 +494,15 @@ class ShardCache:
                     errno.EIO,
                 )
 
-    def _fill(self, part: Path, size: int, fetch: Fetch) -> tuple[int, str]:
+    def _fill(self, part: str, size: int, fetch: Fetch) -> tuple[int, str]:
         """Complete ``part`` through ``fetch`` from its current size, fsync it, and return its
         size and sha256 (read back: bytes written before a kill were never seen by this
         process). A failure of the cache's disk is a :class:`CacheError`; whatever else
         ``fetch`` raises propagates."""
         try:
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self._open().open_file(part, os.O_RDWR | os.O_CREAT, 0o600)
+        except FastloadError:
+            raise
         except OSError as exc:
             raise self._disk_error(exc) from exc
         try:
@@ -468,11 +540,30 @@ class ShardCache:
         )
 
 
-def _size_of(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return None
+def _shards_in(folder: CacheDir) -> dict[str, int]:
+    shards: dict[str, int] = {}
+    for name in folder.names():
+        if name.startswith("."):
+            continue
+        info = folder.lstat(name)  # None: evicted while we looked
+        if info is not None and stat.S_ISREG(info.st_mode):
+            shards[name] = info.st_size
+    return shards
+
+
+def _trusted(folder: CacheDir, key: str, size: int) -> bool:
+    """Whether ``key`` is the file this cache verified (see _storage._safe), of ``size`` bytes."""
+    record = folder.trusted(key)
+    return record is not None and record.get("size") == size
+
+
+def _owner_of(name: str) -> str | None:
+    """The key whose record (``.KEY.ok``) or record's temporary ``name`` is, else ``None``."""
+    if name.startswith("..") and name.endswith(TEMP_SUFFIX):
+        name = name[1:].rpartition(".")[0].rpartition(".")[0]
+    if name.startswith(".") and name.endswith(RECORD_SUFFIX):
+        return name[1 : -len(RECORD_SUFFIX)]
+    return None
 
 
 def _sha256(fd: int) -> str:

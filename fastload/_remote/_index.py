@@ -28,6 +28,17 @@ INDEX_NAME = "fastload-index.json"
 INDEX_FORMAT = "fastload-index"
 INDEX_VERSION = 1
 KINDS = ("hdf5", "arrow")
+_LENGTH_DTYPES = ("<u1", "<u2", "<u4", "<u8")
+
+# NOTE [index bounds]
+# An index is read from a store that is not ours, before any shard: what it claims is bounded
+# before anything is allocated for it. A sample takes at least one byte of an HDF5 or Arrow IPC
+# shard (its values, or its offset), and at least 1/64 byte of a Parquet one (run-length and
+# bit-packed encodings); the lengths are decompressed in a stream that stops at the size the
+# sample count implies; and no index claims more than MAX_SAMPLES samples in all.
+MAX_SAMPLES = 1 << 34
+_SAMPLES_PER_BYTE = {".parquet": 64}
+_SLACK_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -129,9 +140,14 @@ class DatasetIndex:
             packed = document["lengths"]
             if packed["codec"] != "zlib+base64":
                 raise ValueError(f"lengths codec {packed['codec']!r}")
-            raw = zlib.decompress(base64.b64decode(packed["data"]))
-            lengths = np.frombuffer(raw, dtype=np.dtype(packed["dtype"])).astype(np.int64)
+            dtype = _choice(packed["dtype"], _LENGTH_DTYPES, "lengths dtype")
+            _bound_claims(shards, where)
+            expected = sum(s.samples for s in shards) * np.dtype(dtype).itemsize
+            raw = _inflate(base64.b64decode(packed["data"]), expected, where)
+            lengths = np.frombuffer(raw, dtype=np.dtype(dtype)).astype(np.int64)
         except (KeyError, TypeError, ValueError, zlib.error) as exc:
+            if isinstance(exc, DataFormatError):
+                raise
             raise DataFormatError(f"{where}: damaged fastload index ({type(exc).__name__}: {exc})") from exc
         index = cls(kind, fields, length_field, shards, lengths)
         index.check(where)
@@ -171,6 +187,45 @@ class DatasetIndex:
         )
         lengths.flags.writeable = False
         return DatasetIndex(self.kind, self.fields, self.length_field, tuple(self.shards[i] for i in chosen), lengths)
+
+
+def _bound_claims(shards: Sequence[ShardEntry], where: str) -> None:
+    """Refuse counts no shard of its size can hold (NOTE [index bounds])."""
+    total = 0
+    for shard in shards:
+        if shard.samples < 0 or shard.bytes < 0:
+            raise DataFormatError(f"{where}: shard {shard.path!r} has a negative sample count or size")
+        per_byte = next((n for suffix, n in _SAMPLES_PER_BYTE.items() if shard.path.endswith(suffix)), 1)
+        if shard.samples > shard.bytes * per_byte:
+            raise DataFormatError(
+                f"{where}: shard {shard.path!r} claims {shard.samples:,} samples in {shard.bytes:,}"
+                f" bytes; a sample takes at least {'1 byte' if per_byte == 1 else f'1/{per_byte} byte'}"
+                " of its shard, so the index is damaged or not the shards'; index them again"
+                " (`fastload index`)"
+            )
+        total += shard.samples
+    if total > MAX_SAMPLES:
+        raise DataFormatError(
+            f"{where}: claims {total:,} samples, more than the {MAX_SAMPLES:,} an index may hold;"
+            " split the dataset into several"
+        )
+
+
+def _inflate(data: bytes, expected: int, where: str) -> bytes:
+    """``data`` decompressed, about ``expected`` bytes: the stream stops a little past it, so a
+    small input that inflates to gigabytes costs no more than that (a count that differs by
+    less is reported by :meth:`DatasetIndex.check`, with both numbers)."""
+    cap = expected + _SLACK_BYTES
+    stream = zlib.decompressobj()
+    raw = stream.decompress(data, cap + 1)
+    if len(raw) > cap or stream.unconsumed_tail:
+        raise DataFormatError(
+            f"{where}: damaged fastload index (its lengths decompress to more than {cap:,} bytes,"
+            f" while its sample count needs {expected:,}); write it again (`fastload index`)"
+        )
+    if not stream.eof:
+        raise DataFormatError(f"{where}: damaged fastload index (its lengths are truncated)")
+    return raw
 
 
 def _choice(value: Any, allowed: Sequence[str], what: str) -> str:

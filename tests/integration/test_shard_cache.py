@@ -89,7 +89,7 @@ def _get(cache: ShardCache, key: str, origin: Origin) -> Path:
 
 def _files(root: Path) -> list[str]:
     """What is in the cache directory besides lock files."""
-    return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock"))
+    return sorted(p.name for p in root.iterdir() if not p.name.endswith((".lock", ".ok")))
 
 
 # -- processes that take part --------------------------------------------------------------

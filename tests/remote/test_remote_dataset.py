@@ -161,8 +161,8 @@ def test_clear_errors(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path)
     wrong = {**s3_server.options, "access_key": s3_server.credentials.access_key, "secret_key": "not-the-secret"}
     with pytest.raises(StoragePermissionError, match=rf"s3://{bucket}/corpus/"):
         fastload.HDF5Dataset(url, storage_options=wrong, cache_dir=tmp_path / "other")
-    with pytest.raises(ValueError, match=r"cache_limit apply to remote datasets"):
-        fastload.HDF5Dataset(corpus / "part-00000.h5", cache_limit="1GB")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"storage_options apply to remote datasets"):
+        fastload.HDF5Dataset(corpus / "part-00000.h5", storage_options={})  # type: ignore[arg-type]
 
 
 def epochs_of(loader: fastload.DataLoader, epochs: int) -> list[list[dict[str, Any]]]:

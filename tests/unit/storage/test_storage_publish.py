@@ -34,7 +34,7 @@ def _writer(
 
 
 def _visible(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(".lock"))
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith((".lock", ".ok")))
 
 
 def test_publish_produces_once_and_then_finds_the_file(tmp_path: Path) -> None:
