@@ -103,8 +103,9 @@ class _BaseIterator(abc.ABC):
         self._device = self._options.device
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
         self._prefetcher: DevicePrefetcher | None = None
+        self._capabilities = loader._capabilities()  # resolved once (fastload._capabilities)
         self._fast_collate = fast_path_collate(
-            self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers
+            self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers, self._capabilities
         )
         # One test per batch for what most loaders never do (next() after a long step runs from
         # cold caches: each line it runs counts; benchmarks/README.md, "next() of a ready batch").
@@ -278,6 +279,7 @@ class InProcessIterator(_BaseIterator):
             auto_collation=self._auto_collation,
             drop_last=self._drop_last,
             fast=self._fast_collate is not None,
+            capabilities=self._capabilities,
         )
 
     def _next_host(self) -> tuple[Any, Counts]:
@@ -319,6 +321,7 @@ class WorkerIterator(_BaseIterator):
             max_shared_bytes=self._options.max_shared_bytes,
             auto_workers=self._options.auto_workers,
             readahead=self._options.readahead,
+            resolved=self._capabilities,
         )
         self._runner = start_runner(self._runner_options, self._sampler_iter)
 

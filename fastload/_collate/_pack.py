@@ -208,16 +208,25 @@ class PackCollate:
     def __call__(self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Pack a batch (see the class text) into a dict of tensors (and lists for object
         fields)."""
-        prepared = self.prepare(batch if isinstance(batch, Mapping) else self._columnar(batch))
-        arrays = {
-            name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
-        }
-        prepared.fill(arrays)
+        columnar = batch if isinstance(batch, Mapping) else self._columnar(batch)
+        prepared = self.prepare(columnar)
+        cls = type(self)
+        # A subclass's own layout or collate_into is what the fast path calls: so does this.
+        own = cls.layout is not PackCollate.layout or cls.collate_into is not PackCollate.collate_into
+        layout = self.layout(columnar) if own else prepared.layout
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
+        if own:
+            self.collate_into(columnar, arrays)
+        else:
+            prepared.fill(arrays)
         result: dict[str, Any] = {}
         for name, column in prepared.columns.items():  # the batch's field order
             result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
         for name in GENERATED:
             result[name] = torch.from_numpy(arrays[name])
+        for name, array in arrays.items():  # then what a subclass's layout adds
+            if name not in result:
+                result[name] = torch.from_numpy(array)
         return result
 
     # -- planning one batch --------------------------------------------------------------------

@@ -199,10 +199,15 @@ class PadCollate:
             batch if isinstance(batch, Mapping) else samples_to_columnar(batch, ragged=self._ragged)
         )
         prepared = self.prepare(columnar)
-        arrays = {
-            name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
-        }
-        prepared.fill(arrays)
+        cls = type(self)
+        # A subclass's own layout or collate_into is what the fast path calls: so does this.
+        own = cls.layout is not PadCollate.layout or cls.collate_into is not PadCollate.collate_into
+        layout = self.layout(columnar) if own else prepared.layout
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
+        if own:
+            self.collate_into(columnar, arrays)
+        else:
+            prepared.fill(arrays)
         result: dict[str, Any] = {}
         for name, column in prepared.columns.items():  # keep the batch's field order
             result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
