@@ -98,7 +98,7 @@ class _BaseIterator(abc.ABC):
         self._start_shard_prefetch()
         self._logged_at = time.monotonic()
         self._epoch_ended = False
-        self._epoch_done = loader._on_epoch_end
+        self._epoch_done = _weakly(loader._on_epoch_end)
         self._bar: Any = None
         self._device = self._options.device
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
@@ -302,7 +302,7 @@ class WorkerIterator(_BaseIterator):
         self._tuner = AutoTuner(min_workers=1, memory_ok=_memory_ok) if self._options.auto_workers else None
         self._host_extras = self._tuner is not None or self._pin
         self._last_fields: dict[str, Any] = {}
-        self._report_final = loader._on_shutdown
+        self._report_final = _weakly(loader._on_shutdown)
         self._runner_options = RunnerOptions(
             dataset=self._dataset,
             collate_fn=self._collate_fn,
@@ -414,6 +414,20 @@ class WorkerIterator(_BaseIterator):
             self._shards.feed(runner.storage, runner.busy_s)
         self._last_fields = runner.fields()
         self._report_final(dict(self._last_fields), self._num_workers)
+
+
+def _weakly(method: Any) -> Any:
+    """``method`` of the loader, called only while the loader lives: the loader holds its
+    persistent iterator, so an iterator that held the loader would keep both, and the workers,
+    alive until the cyclic garbage collector ran (torch's end at ``del loader``)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
 
 
 def _memory_ok() -> bool:
