@@ -24,6 +24,8 @@ def batch_counts(batch: Any) -> Counts:
     else:
         values = [batch]
     for v in values:
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            return Counts(int(v.size(0)))  # its other sizes vary: it has no .shape
         if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim:
             return Counts(int(v.shape[0]))
         if isinstance(v, (list, tuple, dict)):
