@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset
 
+from fastload._datapipes import SharedSeed, is_datapipe, shard_in_process, sharding_worker_init
 from fastload._device import DevicePrefetcher, cuda_available, page_lock, pin_tree
 from fastload._engine import (
     DONE,
@@ -63,6 +64,10 @@ class _BaseIterator(abc.ABC):
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._dataset = loader._engine_dataset
+        # A DataPipe graph is seeded first, as torch's iterator seeds it (fastload/_datapipes.py).
+        self._datapipe_seed = SharedSeed() if is_datapipe(self._dataset) else None
+        if self._datapipe_seed is not None:
+            self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
         self._is_iterable = isinstance(loader.dataset, IterableDataset)
         self._auto_collation = loader._auto_collation
         self._drop_last = loader.drop_last
@@ -240,6 +245,8 @@ class _BaseIterator(abc.ABC):
         """A new epoch on the same iterator (called by ``DataLoader.__iter__`` for persistent
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
+        if self._datapipe_seed is not None:
+            self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
         self._num_yielded = 0
         self._start_shard_prefetch()
         self._on_device = None
@@ -273,6 +280,7 @@ class InProcessIterator(_BaseIterator):
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         super().__init__(loader)
+        shard_in_process(self._dataset)
         self._fetcher = in_process_fetcher(
             self._dataset,
             self._collate_fn,
@@ -312,7 +320,7 @@ class WorkerIterator(_BaseIterator):
             prefetch_factor=loader.prefetch_factor or 0,
             in_order=loader.in_order,
             timeout_s=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
+            worker_init_fn=sharding_worker_init(self._dataset, loader.worker_init_fn),
             mp_context=loader.multiprocessing_context,
             base_seed=self._base_seed,
             host=HostPolicy.resolve(self._options.host_tuning),
@@ -324,6 +332,9 @@ class WorkerIterator(_BaseIterator):
             resolved=self._capabilities,
         )
         self._runner = start_runner(self._runner_options, self._sampler_iter)
+        if self._datapipe_seed is not None:
+            # torch's iterator draws one more seed here (its first reset), unused by the workers.
+            self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
 
     def _next_host(self) -> tuple[Any, Counts]:
         runner = self._runner
@@ -393,7 +404,8 @@ class WorkerIterator(_BaseIterator):
         if self._runner is None:
             self._runner = start_runner(self._runner_options, self._sampler_iter)
         else:
-            self._runner.new_epoch(self._sampler_iter)
+            seed = self._datapipe_seed.last if self._datapipe_seed is not None else None
+            self._runner.new_epoch(self._sampler_iter, shared_seed=seed)
 
     @property
     def worker_pids(self) -> list[int]:

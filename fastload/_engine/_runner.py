@@ -123,7 +123,8 @@ class Runner(Protocol):
 
     def get(self) -> Delivery: ...
 
-    def new_epoch(self, sampler_iter: Iterator[Any]) -> None: ...
+    def new_epoch(self, sampler_iter: Iterator[Any], shared_seed: int | None = None) -> None:
+        """Start over on the same workers; ``shared_seed`` seeds a DataPipe graph in each."""
 
     def add_worker(self) -> None: ...
 

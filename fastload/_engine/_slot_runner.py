@@ -120,7 +120,8 @@ class SlotRunner(RunnerBase):
         elif decision == CONFINE:
             cores.confine(self._engine.worker_pids)
 
-    def new_epoch(self, sampler_iter: Iterator[Any]) -> None:
+    def new_epoch(self, sampler_iter: Iterator[Any], shared_seed: int | None = None) -> None:
+        # shared_seed is for DataPipe graphs, which are iterable: never on the fast path.
         self._pump.new_epoch(IndexSource(sampler_iter, self._codec))
         self._prime()
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterDataPipe, graph_settings
 from torch.utils.data._utils import worker as torch_worker
 
 from fastload._capabilities import DatasetCapabilities, resolve_dataset
@@ -148,6 +149,10 @@ def worker_main(
                 return
             if isinstance(msg, Resume):
                 exhausted = False
+                if msg.shared_seed is not None and isinstance(spec.dataset, IterDataPipe):
+                    shared = torch.Generator()
+                    shared.manual_seed(msg.shared_seed)
+                    graph_settings.apply_random_seed(spec.dataset, shared)
                 if init_failure is None:
                     fetcher = _new_fetcher(spec)
                 continue
