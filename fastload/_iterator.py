@@ -37,6 +37,7 @@ from fastload._engine import (
     batch_counts,
     fast_path_collate,
     in_process_fetcher,
+    planned_counts,
     start_runner,
 )
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
@@ -292,10 +293,13 @@ class InProcessIterator(_BaseIterator):
 
     def _next_host(self) -> tuple[Any, Counts]:
         fetcher = self._fetcher
-        data = fetcher.fetch(next(self._sampler_iter))
+        index = next(self._sampler_iter)
+        data = fetcher.fetch(index)
         if self._pin:
             data = pin_tree(data)
         counts = getattr(fetcher, "last_counts", None)  # the fast path's collate says
+        if counts is None:
+            counts = planned_counts(index)  # a packed plan says, whatever collated it
         return data, counts if counts is not None else batch_counts(data)
 
 

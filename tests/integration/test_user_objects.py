@@ -89,6 +89,15 @@ def test_a_plain_dataset_with_attributes_named_like_capabilities_packs_as_a_plai
     assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_of_dicts_packed_reports_its_packing_efficiency(num_workers: int) -> None:
+    loader = fastload.DataLoader(OwnAttributes(), pack_length=16, batch_size=3, num_workers=num_workers)
+    batches = list(loader)
+    real = sum(len(d["input_ids"]) for d in _docs())
+    efficiency = loader.stats().packing_efficiency
+    assert efficiency == pytest.approx(real / (len(batches) * 3 * 16))
+
+
 # -- PadCollate subclasses ----------------------------------------------------------------------
 
 
