@@ -21,6 +21,7 @@ from fastload._protocols import (
     BoundedCollate,
     CountsStorage,
     OneCallCollate,
+    PrefetchesShards,
     PreparingCollate,
     ProcessIndependentCollate,
     ProcessIndependentReader,
@@ -44,6 +45,7 @@ class DatasetCapabilities:
     fields: Mapping[str, Field] | None = None
     remote: bool = False
     storage_counts: bool = False
+    prefetch: bool = False
     willneed: bool = False
     process_independent_reads: bool = False
     reads_in_place: bool = False
@@ -111,6 +113,7 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
         fields=fields,
         remote=isinstance(dataset, RemoteReader) and _flag(dataset, "remote") and callable(dataset.storage_counts),
         storage_counts=isinstance(dataset, CountsStorage) and callable(dataset.storage_counts),
+        prefetch=isinstance(dataset, PrefetchesShards) and callable(dataset.prefetch),
         willneed=isinstance(dataset, AdvisesReads) and callable(dataset.willneed),
         process_independent_reads=reader and isinstance(dataset, ProcessIndependentReader)
         and _flag(dataset, "process_independent_reads"),

@@ -93,8 +93,12 @@ class _BaseIterator(abc.ABC):
         # torch's order of effects: the sampler's iterator, then the base seed.
         self._sampler_iter: Any = iter(self._index_sampler)
         self._meter: StallMeter = loader.meter
+        self._capabilities = loader._capabilities()  # resolved once (fastload._capabilities)
         self._shards = ShardTraffic(
-            self._dataset, self._meter, concurrency=self._options.download_concurrency
+            self._dataset,
+            self._meter,
+            concurrency=self._options.download_concurrency,
+            capabilities=self._capabilities.dataset,
         )
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
@@ -109,7 +113,6 @@ class _BaseIterator(abc.ABC):
         self._device = self._options.device
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
         self._prefetcher: DevicePrefetcher | None = None
-        self._capabilities = loader._capabilities()  # resolved once (fastload._capabilities)
         self._fast_collate = fast_path_collate(
             self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers, self._capabilities
         )

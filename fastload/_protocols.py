@@ -183,6 +183,16 @@ class CountsStorage(Protocol):
 
 
 @runtime_checkable
+class PrefetchesShards(Protocol):
+    """A remote dataset that can bring the shards of the coming batches to the local cache."""
+
+    def prefetch(self, batches: Any, consumed: Any, **options: Any) -> Any:
+        """Start bringing the shards of ``batches`` (the plan from the next batch on; the
+        consumer's progress is ``consumed()``) to the cache; a prefetcher with ``close()``, or
+        ``None``."""
+
+
+@runtime_checkable
 class AdvisesReads(Protocol):
     """A dataset that can tell the kernel which samples it will read soon (``readahead``)."""
 
@@ -257,6 +267,7 @@ __all__ = [
     "MappedReader",
     "OneCallBuilder",
     "OneCallCollate",
+    "PrefetchesShards",
     "PreparedBatch",
     "PreparingCollate",
     "ProcessIndependentCollate",
