@@ -20,6 +20,7 @@ from fastload._protocols import (
     AdvisesReads,
     BoundedCollate,
     CountsStorage,
+    MapsRagged,
     OneCallCollate,
     PrefetchesShards,
     PreparingCollate,
@@ -49,6 +50,8 @@ class DatasetCapabilities:
     willneed: bool = False
     process_independent_reads: bool = False
     reads_in_place: bool = False
+    #: ``mapped_ragged()``, with ``reads_in_place``: a one-call build may gather from the map.
+    mapped_ragged: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,12 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
     reads_batches = callable(getattr(dataset, "read_batch", None)) and _has(dataset, "lengths")
     # BatchReader's members, ``__len__`` aside: a reader driven by a batch sampler needs none.
     reader = reads_batches and fields is not None
+    in_place = (
+        reader
+        and isinstance(dataset, ReadsInPlace)
+        and _flag(dataset, "reads_in_place")
+        and callable(dataset.read_batch_in_place)
+    )
     return DatasetCapabilities(
         batch_reader=reader,
         reads_batches=reads_batches,
@@ -117,8 +126,8 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
         willneed=isinstance(dataset, AdvisesReads) and callable(dataset.willneed),
         process_independent_reads=reader and isinstance(dataset, ProcessIndependentReader)
         and _flag(dataset, "process_independent_reads"),
-        reads_in_place=reader and isinstance(dataset, ReadsInPlace) and _flag(dataset, "reads_in_place")
-        and callable(dataset.read_batch_in_place),
+        reads_in_place=in_place,
+        mapped_ragged=in_place and isinstance(dataset, MapsRagged) and callable(dataset.mapped_ragged),
     )
 
 

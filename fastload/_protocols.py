@@ -193,6 +193,13 @@ class PrefetchesShards(Protocol):
 
 
 @runtime_checkable
+class MapsRagged(Protocol):
+    """A dataset of one ragged field held whole in a memory map (:class:`MappedReader`)."""
+
+    def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None: ...
+
+
+@runtime_checkable
 class AdvisesReads(Protocol):
     """A dataset that can tell the kernel which samples it will read soon (``readahead``)."""
 
@@ -265,6 +272,7 @@ __all__ = [
     "InPlaceReader",
     "Layout",
     "MappedReader",
+    "MapsRagged",
     "OneCallBuilder",
     "OneCallCollate",
     "PrefetchesShards",
