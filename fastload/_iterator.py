@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import IterableDataset
 
+from fastload._datapipes import SharedSeed, is_datapipe, shard_in_process, sharding_worker_init
 from fastload._device import DevicePrefetcher, cuda_available, pin_tree, pinned_slots
 from fastload._engine import (
     DONE,
@@ -36,6 +37,7 @@ from fastload._engine import (
     batch_counts,
     fast_path_collate,
     in_process_fetcher,
+    planned_counts,
     start_runner,
 )
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
@@ -63,6 +65,10 @@ class _BaseIterator(abc.ABC):
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self._dataset = loader._engine_dataset
+        # A DataPipe graph is seeded first, as torch's iterator seeds it (fastload/_datapipes.py).
+        self._datapipe_seed = SharedSeed() if is_datapipe(self._dataset) else None
+        if self._datapipe_seed is not None:
+            self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
         self._is_iterable = isinstance(loader.dataset, IterableDataset)
         self._auto_collation = loader._auto_collation
         self._drop_last = loader.drop_last
@@ -87,8 +93,12 @@ class _BaseIterator(abc.ABC):
         # torch's order of effects: the sampler's iterator, then the base seed.
         self._sampler_iter: Any = iter(self._index_sampler)
         self._meter: StallMeter = loader.meter
+        self._capabilities = loader._capabilities()  # resolved once (fastload._capabilities)
         self._shards = ShardTraffic(
-            self._dataset, self._meter, concurrency=self._options.download_concurrency
+            self._dataset,
+            self._meter,
+            concurrency=self._options.download_concurrency,
+            capabilities=self._capabilities.dataset,
         )
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
@@ -98,13 +108,13 @@ class _BaseIterator(abc.ABC):
         self._start_shard_prefetch()
         self._logged_at = time.monotonic()
         self._epoch_ended = False
-        self._epoch_done = loader._on_epoch_end
+        self._epoch_done = _weakly(loader._on_epoch_end)
         self._bar: Any = None
         self._device = self._options.device
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
         self._prefetcher: DevicePrefetcher | None = None
         self._fast_collate = fast_path_collate(
-            self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers
+            self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers, self._capabilities
         )
         # One test per batch for what most loaders never do (next() after a long step runs from
         # cold caches: each line it runs counts; benchmarks/README.md, "next() of a ready batch").
@@ -239,6 +249,8 @@ class _BaseIterator(abc.ABC):
         """A new epoch on the same iterator (called by ``DataLoader.__iter__`` for persistent
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
+        if self._datapipe_seed is not None:
+            self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
         self._num_yielded = 0
         self._start_shard_prefetch()
         self._on_device = None
@@ -272,20 +284,25 @@ class InProcessIterator(_BaseIterator):
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         super().__init__(loader)
+        shard_in_process(self._dataset)
         self._fetcher = in_process_fetcher(
             self._dataset,
             self._collate_fn,
             auto_collation=self._auto_collation,
             drop_last=self._drop_last,
             fast=self._fast_collate is not None,
+            capabilities=self._capabilities,
         )
 
     def _next_host(self) -> tuple[Any, Counts]:
         fetcher = self._fetcher
-        data = fetcher.fetch(next(self._sampler_iter))
+        index = next(self._sampler_iter)
+        data = fetcher.fetch(index)
         if self._pin:
             data = pin_tree(data)
         counts = getattr(fetcher, "last_counts", None)  # the fast path's collate says
+        if counts is None:
+            counts = planned_counts(index)  # a packed plan says, whatever collated it
         return data, counts if counts is not None else batch_counts(data)
 
 
@@ -300,7 +317,7 @@ class WorkerIterator(_BaseIterator):
         self._tuner = AutoTuner(min_workers=1, memory_ok=_memory_ok) if self._options.auto_workers else None
         self._host_extras = self._tuner is not None or self._pin
         self._last_fields: dict[str, Any] = {}
-        self._report_final = loader._on_shutdown
+        self._report_final = _weakly(loader._on_shutdown)
         self._runner_options = RunnerOptions(
             dataset=self._dataset,
             collate_fn=self._collate_fn,
@@ -310,7 +327,7 @@ class WorkerIterator(_BaseIterator):
             prefetch_factor=loader.prefetch_factor or 0,
             in_order=loader.in_order,
             timeout_s=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
+            worker_init_fn=sharding_worker_init(self._dataset, loader.worker_init_fn),
             mp_context=loader.multiprocessing_context,
             base_seed=self._base_seed,
             host=HostPolicy.resolve(self._options.host_tuning),
@@ -319,8 +336,12 @@ class WorkerIterator(_BaseIterator):
             max_shared_bytes=self._options.max_shared_bytes,
             auto_workers=self._options.auto_workers,
             readahead=self._options.readahead,
+            resolved=self._capabilities,
         )
         self._runner = start_runner(self._runner_options, self._sampler_iter)
+        if self._datapipe_seed is not None:
+            # torch's iterator draws one more seed here (its first reset), unused by the workers.
+            self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
 
     def _next_host(self) -> tuple[Any, Counts]:
         runner = self._runner
@@ -390,7 +411,8 @@ class WorkerIterator(_BaseIterator):
         if self._runner is None:
             self._runner = start_runner(self._runner_options, self._sampler_iter)
         else:
-            self._runner.new_epoch(self._sampler_iter)
+            seed = self._datapipe_seed.last if self._datapipe_seed is not None else None
+            self._runner.new_epoch(self._sampler_iter, shared_seed=seed)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -411,6 +433,20 @@ class WorkerIterator(_BaseIterator):
             self._shards.feed(runner.storage, runner.busy_s)
         self._last_fields = runner.fields()
         self._report_final(dict(self._last_fields), self._num_workers)
+
+
+def _weakly(method: Any) -> Any:
+    """``method`` of the loader, called only while the loader lives: the loader holds its
+    persistent iterator, so an iterator that held the loader would keep both, and the workers,
+    alive until the cyclic garbage collector ran (torch's end at ``del loader``)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(*args)
+
+    return call
 
 
 def _memory_ok() -> bool:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar, cast
 
 import torch.utils.data
 
+from fastload._capabilities import Capabilities, resolve, resolve_dataset
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
@@ -155,7 +156,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             host_tuning=host_tuning,
         )
         self._fastload_options = options
-        if multiprocessing_context is None and num_workers != 0 and getattr(dataset, "remote", False):
+        own = resolve_dataset(dataset)  # the dataset's capabilities (fastload._capabilities)
+        self._dataset_capabilities = own
+        if multiprocessing_context is None and num_workers != 0 and own.remote:
             # pyarrow's S3 client cannot be made again in a forked child of a process that
             # used it: remote datasets get workers forked from a fresh fork server.
             from fastload._engine import fresh_process_context
@@ -183,7 +186,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             from fastload._collate import PackCollate
 
             collate_fn = PackCollate(batch_sampler.seq_len, rows=batch_sampler.rows)
-        elif collate_fn is None and _is_batch_reader(dataset):
+        elif collate_fn is None and own.reads_batches:
             from fastload._collate import PadCollate
 
             collate_fn = PadCollate()
@@ -294,9 +297,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return self.dataset
         from fastload._collate import PackedSource
 
-        source = PackedSource(self.dataset, seq_len=sampler.seq_len, rows=sampler.rows)
+        source = PackedSource(
+            self.dataset,
+            seq_len=sampler.seq_len,
+            rows=sampler.rows,
+            capabilities=self.__dict__.get("_dataset_capabilities"),
+        )
         self.__dict__["_packed_source"] = source
         return source
+
+    def _capabilities(self) -> Capabilities:
+        """What the engine may use of the dataset it reads and of the collate, resolved once per
+        collate (``collate_fn`` may be set again before an iteration, as with torch's loader)."""
+        dataset, collate = self._engine_dataset, self.collate_fn
+        cached = self.__dict__.get("_resolved")
+        if cached is not None and cached[0] is dataset and cached[1] is collate:
+            return cast(Capabilities, cached[2])
+        capabilities = resolve(dataset, collate)
+        self.__dict__["_resolved"] = (dataset, collate, capabilities)
+        return capabilities
 
     def _get_iterator(self) -> Any:
         it: InProcessIterator | WorkerIterator
@@ -474,10 +493,6 @@ def _planned(batch_sampler: Any) -> bool:
     from fastload._sampling._stream import PlannedBatchSampler
 
     return isinstance(batch_sampler, PlannedBatchSampler)
-
-
-def _is_batch_reader(dataset: Any) -> bool:
-    return callable(getattr(dataset, "read_batch", None)) and hasattr(dataset, "lengths")
 
 
 def _packs(batch_sampler: Any) -> bool:

@@ -4,7 +4,9 @@ The fast path builds whole batches straight into shared-memory slots. It applies
 dataset that is a :class:`BatchReader` and a collate that is a :class:`SlotCollate`; fastload's
 readers and :class:`~fastload.PadCollate` implement them, and a user's own classes may too, with
 no base class (see the README). Everything else the engine can use is an optional
-*capability*, looked up by name and absent by default, so a class offers only what it can keep:
+*capability*, absent by default, so a class offers only what it can keep. The loader resolves
+them once (``fastload._capabilities``): each is a Protocol below, and counts only where the
+attribute is of the kind it declares.
 
 Reader capabilities
 
@@ -153,15 +155,134 @@ class SlotCollate(Protocol):
     def collate_into(self, batch: Mapping[str, Any], out: Mapping[str, np.ndarray]) -> None: ...
 
 
+# -- capabilities resolved once by the loader (fastload._capabilities) -------------------------
+# Each optional capability below is a Protocol of one member, checked with ``isinstance`` and
+# then by the kind of what it holds: a user's object whose same-named attribute is something
+# else (a ``fields`` of lists, a ``remote`` flag on a plain dataset) does not have it.
+
+
+@runtime_checkable
+class RemoteReader(Protocol):
+    """A dataset read from remote storage through fastload's node cache."""
+
+    #: ``True`` where the shards are remote: its workers are forked from a fresh fork server
+    #: (pyarrow's S3 client cannot be made again in a forked child of a process that used it).
+    remote: bool
+
+    def storage_counts(self) -> Any:
+        """This process's reads so far (a :class:`~fastload._types.StorageCounts`), or ``None``
+        for a dataset read from local files (see the module text)."""
+
+
+@runtime_checkable
+class CountsStorage(Protocol):
+    """A dataset that counts what its reads of remote storage cost (see the module text)."""
+
+    def storage_counts(self) -> Any:
+        """A :class:`~fastload._types.StorageCounts` of this process's reads, or ``None``."""
+
+
+@runtime_checkable
+class PrefetchesShards(Protocol):
+    """A remote dataset that can bring the shards of the coming batches to the local cache."""
+
+    def prefetch(self, batches: Any, consumed: Any, **options: Any) -> Any:
+        """Start bringing the shards of ``batches`` (the plan from the next batch on; the
+        consumer's progress is ``consumed()``) to the cache; a prefetcher with ``close()``, or
+        ``None``."""
+
+
+@runtime_checkable
+class MapsRagged(Protocol):
+    """A dataset of one ragged field held whole in a memory map (:class:`MappedReader`)."""
+
+    def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None: ...
+
+
+@runtime_checkable
+class AdvisesReads(Protocol):
+    """A dataset that can tell the kernel which samples it will read soon (``readahead``)."""
+
+    def willneed(self, indices: npt.ArrayLike) -> int:
+        """Advise the byte ranges of the samples ``indices``; the bytes advised."""
+
+
+@runtime_checkable
+class ProcessIndependentReader(Protocol):
+    """A dataset whose ``read_batch`` gives the same bytes in any process (see the module
+    text): the main process may build a batch no worker has started."""
+
+    process_independent_reads: bool
+
+
+@runtime_checkable
+class ReadsInPlace(Protocol):
+    """A dataset that can leave memory-mapped samples where they lie (:class:`InPlaceReader`)."""
+
+    reads_in_place: bool
+
+    def read_batch_in_place(self, indices: npt.ArrayLike) -> Mapping[str, Column | Spans]: ...
+
+
+@runtime_checkable
+class PreparingCollate(Protocol):
+    """A slot collate that plans a batch once for both halves of the zero-copy path."""
+
+    def prepare(self, batch: Mapping[str, Any]) -> PreparedBatch:
+        """The batch planned once (:class:`PreparedBatch`)."""
+
+
+@runtime_checkable
+class OneCallCollate(Protocol):
+    """A slot collate that may build a reader's batches in one native call."""
+
+    def one_call_builder(self, reader: Any) -> OneCallBuilder | None:
+        """A :class:`OneCallBuilder` for ``reader``'s batches, or ``None``."""
+
+
+@runtime_checkable
+class BoundedCollate(Protocol):
+    """A slot collate that can tell the largest layout of any batch of a reader."""
+
+    def max_layout(self, reader: Any) -> Layout | None:
+        """The largest layout any batch of ``reader`` can have, or ``None``."""
+
+
+@runtime_checkable
+class SpanCollate(Protocol):
+    """A slot collate that takes ragged columns as :class:`~fastload._types.Spans`."""
+
+    takes_spans: bool
+
+
+@runtime_checkable
+class ProcessIndependentCollate(Protocol):
+    """A slot collate whose output is a function of the columnar batch alone."""
+
+    process_independent: bool
+
+
 __all__ = [
     "ALIGN",
+    "AdvisesReads",
     "BatchReader",
+    "BoundedCollate",
     "Built",
+    "CountsStorage",
     "InPlaceReader",
     "Layout",
     "MappedReader",
+    "MapsRagged",
     "OneCallBuilder",
+    "OneCallCollate",
+    "PrefetchesShards",
     "PreparedBatch",
+    "PreparingCollate",
+    "ProcessIndependentCollate",
+    "ProcessIndependentReader",
+    "ReadsInPlace",
+    "RemoteReader",
     "SlotCollate",
+    "SpanCollate",
     "TooLarge",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fastload._capabilities import DatasetCapabilities, resolve_dataset
 from fastload._metrics import StallMeter
 from fastload._types import StorageCounts
 
@@ -21,11 +22,20 @@ class ShardTraffic:
     process, the engine's sum of the workers' replies, each prefetcher); :meth:`feed` hands the
     meter what changed since the last call."""
 
-    def __init__(self, dataset: Any, meter: StallMeter, *, concurrency: int | None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        meter: StallMeter,
+        *,
+        concurrency: int | None,
+        capabilities: DatasetCapabilities | None = None,
+    ) -> None:
         self._dataset = dataset
         self._meter = meter
         self._concurrency = DOWNLOAD_CONCURRENCY if concurrency is None else concurrency
-        counts = getattr(dataset, "storage_counts", None)
+        # What the dataset can do, as the loader resolved it (fastload._capabilities).
+        self._capabilities = resolve_dataset(dataset) if capabilities is None else capabilities
+        counts = dataset.storage_counts if self._capabilities.storage_counts else None
         self._main: Callable[[], StorageCounts | None] | None = counts
         seen = counts() if counts is not None else None
         self.remote = seen is not None
@@ -39,10 +49,9 @@ class ShardTraffic:
         """Prefetch the shards of ``batches`` (the epoch's plan from the next batch on), the
         consumer's progress being ``consumed()``; stops the previous epoch's prefetcher."""
         self.stop()
-        prefetch = getattr(self._dataset, "prefetch", None)
-        if prefetch is None or batches is None:
+        if not self._capabilities.prefetch or batches is None:
             return
-        self._prefetcher = prefetch(batches, consumed, concurrency=self._concurrency)
+        self._prefetcher = self._dataset.prefetch(batches, consumed, concurrency=self._concurrency)
 
     def stop(self) -> None:
         """Stop the prefetcher (downloads in flight finish; see its ``close``) and count what

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from fastload._capabilities import dataset_fields
 from fastload._collate._checks import (
     Scalar,
     batch_size,
@@ -29,7 +30,7 @@ from fastload._collate._checks import (
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pack_into
 from fastload._collate._pack_plan import PieceColumns, check_plan, next_fit, piece_columns
-from fastload._collate._pack_source import PackedColumns
+from fastload._collate._pack_source import PackedColumns, PackedSource
 from fastload._protocols import Layout, OneCallBuilder
 from fastload._types import Column, Counts, Field, PackedBatch, Ragged, Spans
 from fastload.errors import DataFormatError, FieldNotFoundError
@@ -196,8 +197,11 @@ class PackCollate:
         slots: ``rows`` (else the reader's ``pack_rows``) rows of each non-object field of its
         ``fields``, and ``cu_seqlens`` for the most segments a batch can have (``B * L``);
         ``None`` where the rows or the fields are not known."""
-        rows = self._rows if self._rows is not None else getattr(reader, "pack_rows", None)
-        fields: Mapping[str, Field] | None = getattr(reader, "fields", None)
+        rows = self._rows
+        if rows is None:  # the reader's rows where it says them as an int (a PackedSource does)
+            said = reader.pack_rows if isinstance(reader, PackedSource) else getattr(reader, "pack_rows", None)
+            rows = said if isinstance(said, int) and not isinstance(said, bool) else None
+        fields = reader.capabilities.fields if isinstance(reader, PackedSource) else dataset_fields(reader)
         if rows is None or fields is None:
             return None
         selected = fields if self._fields is None else {n: fields[n] for n in self._fields if n in fields}
@@ -208,16 +212,25 @@ class PackCollate:
     def __call__(self, batch: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Pack a batch (see the class text) into a dict of tensors (and lists for object
         fields)."""
-        prepared = self.prepare(batch if isinstance(batch, Mapping) else self._columnar(batch))
-        arrays = {
-            name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
-        }
-        prepared.fill(arrays)
+        columnar = batch if isinstance(batch, Mapping) else self._columnar(batch)
+        prepared = self.prepare(columnar)
+        cls = type(self)
+        # A subclass's own layout or collate_into is what the fast path calls: so does this.
+        own = cls.layout is not PackCollate.layout or cls.collate_into is not PackCollate.collate_into
+        layout = self.layout(columnar) if own else prepared.layout
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
+        if own:
+            self.collate_into(columnar, arrays)
+        else:
+            prepared.fill(arrays)
         result: dict[str, Any] = {}
         for name, column in prepared.columns.items():  # the batch's field order
             result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
         for name in GENERATED:
             result[name] = torch.from_numpy(arrays[name])
+        for name, array in arrays.items():  # then what a subclass's layout adds
+            if name not in result:
+                result[name] = torch.from_numpy(array)
         return result
 
     # -- planning one batch --------------------------------------------------------------------

@@ -26,6 +26,7 @@ from fastload._collate._pack import (
     POSITIONS,
     PackCollate,
 )
+from fastload._collate._pack_source import PackedSource
 from fastload._protocols import ALIGN, Built, TooLarge
 from fastload._types import Counts
 
@@ -79,13 +80,11 @@ def pack_express_builder(reader: Any, collate: PackCollate) -> PackExpressBuilde
     ``reader`` reads packed batches (a ``PackedSource``) of a dataset whose ``mapped_ragged()``
     is its only field, of scalar integer ids, written by this collate in a native dtype. Maps the
     file in this process."""
-    if _kernels._native is None or getattr(reader, "seq_len", None) != collate.seq_len:
+    if _kernels._native is None or not isinstance(reader, PackedSource) or reader.seq_len != collate.seq_len:
         return None
-    dataset = getattr(reader, "dataset", None)
-    mapped = getattr(dataset, "mapped_ragged", None)
-    if mapped is None or not getattr(dataset, "reads_in_place", False):
+    if not reader.capabilities.mapped_ragged:  # the dataset's, as the loader resolved them
         return None
-    found = mapped()
+    found = reader.dataset.mapped_ragged()
     if found is None:
         return None
     name, values, offsets = found

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from fastload._capabilities import DatasetCapabilities, resolve_dataset
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._pack_plan import check_plan, piece_columns
 from fastload._types import Column, Field, PackedBatch, Ragged, Spans
@@ -51,7 +52,10 @@ class PackedSource:
     ``mapped_ragged`` never does (a one-call build of whole samples would bypass the packing).
 
     ``seq_len`` is the length of a packed row; ``rows`` (:attr:`pack_rows`) the rows of every
-    batch, which a packing collate reads to size the shared-memory slots.
+    batch, which a packing collate reads to size the shared-memory slots. ``capabilities`` are
+    the dataset's as the loader resolved them (``fastload._capabilities``; resolved here when
+    not given): a capability the dataset does not have is absent here too, whatever the
+    dataset's attributes of that name hold.
 
     Every batch is checked, raising ``ValueError`` (:class:`~fastload.errors.DataFormatError`
     where the data disagrees with the dataset's own ``lengths``): its seq_len is this one; each
@@ -59,7 +63,9 @@ class PackedSource:
     tokens; each ragged field of each sample read has ``lengths[sample]`` elements.
     """
 
-    def __init__(self, dataset: Any, *, seq_len: int, rows: int) -> None:
+    def __init__(
+        self, dataset: Any, *, seq_len: int, rows: int, capabilities: DatasetCapabilities | None = None
+    ) -> None:
         for option, value in (("seq_len", seq_len), ("rows", rows)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"PackedSource({option}=...) must be an integer >= 1; got {value!r}")
@@ -69,6 +75,8 @@ class PackedSource:
                 f"packing against; {type(dataset).__name__} has none"
             )
         self.dataset = dataset
+        self.capabilities = resolve_dataset(dataset) if capabilities is None else capabilities
+        self._read_batch = _read_batch(dataset)
         self.seq_len = int(seq_len)
         self.pack_rows = int(rows)
 
@@ -82,20 +90,18 @@ class PackedSource:
     def fields(self) -> dict[str, Field]:
         """The dataset's ``fields``; absent (``AttributeError``) where it has none, so that
         the engine sees the dataset's capabilities, not this wrapper's."""
-        fields: dict[str, Field] | None = getattr(self.dataset, "fields", None)
+        fields = self.capabilities.fields
         if fields is None:
-            raise AttributeError(f"{type(self.dataset).__name__} has no fields")
-        return fields
+            raise AttributeError(f"{type(self.dataset).__name__} has no fields of fastload's")
+        return dict(fields)
 
     @property
     def process_independent_reads(self) -> bool:
-        return bool(getattr(self.dataset, "process_independent_reads", False))
+        return self.capabilities.process_independent_reads
 
     @property
     def reads_in_place(self) -> bool:
-        return bool(getattr(self.dataset, "reads_in_place", False)) and hasattr(
-            self.dataset, "read_batch_in_place"
-        )
+        return self.capabilities.reads_in_place
 
     @property
     def read_batch_in_place(self) -> Any:
@@ -111,13 +117,13 @@ class PackedSource:
     def prefetch(self, batches: Any, consumed: Any, **options: Any) -> Any:
         """The dataset's prefetch of the samples of ``batches`` (see the readers'), if it has
         one; ``None`` otherwise."""
-        start = getattr(self.dataset, "prefetch", None)
-        return start(batches, consumed, **options) if start is not None else None
+        if not self.capabilities.remote:
+            return None
+        return self.dataset.prefetch(batches, consumed, **options)
 
     def storage_counts(self) -> Any:
         """The dataset's ``storage_counts()`` (a remote reader's), ``None`` where it has none."""
-        counts = getattr(self.dataset, "storage_counts", None)
-        return counts() if counts is not None else None
+        return self.dataset.storage_counts() if self.capabilities.storage_counts else None
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[index]
@@ -129,8 +135,7 @@ class PackedSource:
 
     def read_batch(self, batch: object) -> PackedColumns:
         """The pieces of ``batch`` (see the class text)."""
-        reader = getattr(self.dataset, "read_batch", None)
-        return self._read(batch, reader if reader is not None else self._read_samples)
+        return self._read(batch, self._read_batch or self._read_samples)
 
     def __getitems__(self, batch: object) -> PackedColumns:
         """:meth:`read_batch`, for torch's DataLoader (its collate gets the columns)."""
@@ -141,7 +146,7 @@ class PackedSource:
 
     def _read_samples(self, indices: npt.NDArray[np.int64]) -> dict[str, Column]:
         """A dataset without ``read_batch``: its samples one by one, made columnar."""
-        fields = getattr(self.dataset, "fields", None)
+        fields = self.capabilities.fields
         ragged = None if fields is None else [n for n, f in fields.items() if f.kind == "ragged"]
         if indices.size:
             return samples_to_columnar([self.dataset[int(i)] for i in indices], ragged=ragged)
@@ -195,6 +200,12 @@ class PackedSource:
             if where:
                 return str(where)
         return type(self.dataset).__name__
+
+
+def _read_batch(dataset: Any) -> Any:
+    """The dataset's own ``read_batch`` where it has one that can be called, else ``None``."""
+    reader = getattr(dataset, "read_batch", None)
+    return reader if callable(reader) else None
 
 
 def _none_of(column: Column) -> Column:

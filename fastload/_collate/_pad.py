@@ -97,9 +97,12 @@ class PadCollate:
     * each fixed field stacked as ``[B, *shape]`` in its own dtype;
     * object fields (``str``/``bytes``) as Python lists.
 
-    Options: ``pad_value`` and ``dtype`` (the output dtype of padded values, e.g.
-    ``torch.int64`` token ids for an embedding, so no conversion follows) may be one value or a
-    mapping from field name to value (fields not in the mapping: pad 0, dtype as stored).
+    Options: ``pad_value`` and ``dtype`` (the output dtype of padded values) may be one value
+    or a mapping from field name to value (fields not in the mapping: pad 0, default dtype).
+    By default the primary ragged field, when stored as integers narrower than int64 (token ids
+    stored as uint16), comes out as int64, what ``nn.Embedding`` and the losses take, as
+    :class:`~fastload.PackCollate`'s does; every other field keeps its stored dtype. Pass
+    ``dtype=`` (e.g. ``torch.uint16``, or ``{"input_ids": torch.uint16}``) for the narrow type.
     ``max_length`` keeps the first ``max_length`` elements of each row. ``fields`` selects the
     fields to output (default: all).
 
@@ -196,10 +199,15 @@ class PadCollate:
             batch if isinstance(batch, Mapping) else samples_to_columnar(batch, ragged=self._ragged)
         )
         prepared = self.prepare(columnar)
-        arrays = {
-            name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in prepared.layout.items()
-        }
-        prepared.fill(arrays)
+        cls = type(self)
+        # A subclass's own layout or collate_into is what the fast path calls: so does this.
+        own = cls.layout is not PadCollate.layout or cls.collate_into is not PadCollate.collate_into
+        layout = self.layout(columnar) if own else prepared.layout
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
+        if own:
+            self.collate_into(columnar, arrays)
+        else:
+            prepared.fill(arrays)
         result: dict[str, Any] = {}
         for name, column in prepared.columns.items():  # keep the batch's field order
             result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
@@ -289,7 +297,9 @@ class PadCollate:
             column = columns[name]
             assert isinstance(column, (Ragged, Spans))
             stored = _values(column).dtype
-            default = stored if self._dtype_default is None else self._dtype_default
+            default = self._dtype_default
+            if default is None:
+                default = _INT64 if name == primary and _narrow_integer(stored) else stored
             dtype = np.dtype(self._dtypes.get(name, default))
             pad_value = self._pad_values.get(name, self._pad_default)
             if not np.can_cast(stored, dtype, casting="same_kind"):
@@ -313,6 +323,12 @@ class PadCollate:
 
 
 _INT64 = np.dtype(np.int64)
+
+
+def _narrow_integer(dtype: np.dtype) -> bool:
+    """Integers narrower than int64 (token ids stored as uint16): widened by default, since
+    ``nn.Embedding`` and the losses take int64 indices."""
+    return dtype.kind in "iu" and dtype.itemsize < 8
 
 
 def _stored_dtype(column: Column | Spans) -> np.dtype | None:

@@ -6,7 +6,7 @@ builds batches in the calling process (``num_workers=0``).
 """
 
 from fastload._engine._arena import available_memory_bytes
-from fastload._engine._counts import batch_counts
+from fastload._engine._counts import batch_counts, planned_counts
 from fastload._engine._fetch import in_process_fetcher
 from fastload._engine._host import HostPolicy
 from fastload._engine._messages import DONE, FAILED, OK, Delivery, Kind
@@ -32,5 +32,6 @@ __all__ = [
     "fast_path_collate",
     "fresh_process_context",
     "in_process_fetcher",
+    "planned_counts",
     "start_runner",
 ]

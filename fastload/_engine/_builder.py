@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._capabilities import Capabilities, resolve
 from fastload._engine import _claims as claims
 from fastload._engine._arena import SlotArena, SlotRef, WorkerSlots
 from fastload._engine._messages import OK, Reply, TaskMessage
@@ -31,11 +32,11 @@ from fastload._types import Counts, Spans
 _NO_STORAGE = (math.nan, 0, 0, 0)
 
 
-def batch_reader(dataset: Any, collate: Any) -> Any:
+def batch_reader(dataset: Any, capabilities: Capabilities) -> Any:
     """How the builder reads a batch: in place where the dataset can and the collate takes
     what that gives (``reads_in_place`` and ``takes_spans``: a memory-mapped ragged field is
     then gathered straight from the map), else ``read_batch``."""
-    if getattr(dataset, "reads_in_place", False) and getattr(collate, "takes_spans", False):
+    if capabilities.dataset.reads_in_place and capabilities.collate.takes_spans:
         return dataset.read_batch_in_place
     return dataset.read_batch
 
@@ -44,9 +45,17 @@ class SlotBuilder:
     """Builds one batch into its slot (a worker's ``fetcher``, or the main process's, given the
     arena as ``slots``)."""
 
-    def __init__(self, dataset: Any, collate: Any, main_pid: int, slots: SlotArena | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        collate: Any,
+        main_pid: int,
+        slots: SlotArena | None = None,
+        capabilities: Capabilities | None = None,
+    ) -> None:
         self.dataset = dataset
         self.collate = collate
+        self.capabilities = resolve(dataset, collate) if capabilities is None else capabilities
         self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
         self._slots: WorkerSlots | SlotArena = WorkerSlots(main_pid) if slots is None else slots
         self._read: Any = None  # looked up on the first build, in the process that builds
@@ -92,8 +101,8 @@ class SlotBuilder:
         from the dataset and the collate alone)."""
         if not self._one_call_tried:
             self._one_call_tried = True
-            offer = getattr(self.collate, "one_call_builder", None)
-            self._one_call = offer(self.dataset) if offer is not None else None
+            offer = self.capabilities.collate.one_call_builder
+            self._one_call = self.collate.one_call_builder(self.dataset) if offer else None
         return self._one_call is not None
 
     def build(self, task: SlotTask) -> SlotBatch | TooLarge:
@@ -115,12 +124,11 @@ class SlotBuilder:
     def _build_general(self, task: SlotTask) -> SlotBatch | TooLarge:
         started = time.perf_counter()
         if self._read is None:
-            self._read = batch_reader(self.dataset, self.collate)
+            self._read = batch_reader(self.dataset, self.capabilities)
         columnar = self._read(task.indices)
         self.last_read_s = time.perf_counter() - started
         # A collate that plans a batch once for both halves is asked once; any other twice.
-        prepare = getattr(self.collate, "prepare", None)
-        prepared = prepare(columnar) if prepare is not None else None
+        prepared = self.collate.prepare(columnar) if self.capabilities.collate.prepare else None
         layout = prepared.layout if prepared is not None else self.collate.layout(columnar)
         arrays, nbytes = plan_layout(layout)
         if nbytes > task.slot.capacity:
@@ -146,19 +154,19 @@ class SlotBuilder:
         return SlotBatch(described, objects, nbytes, counts)
 
 
-def main_builder(dataset: Any, collate: Any) -> Callable[[SlotArena], SlotBuilder | None]:
+def main_builder(
+    dataset: Any, collate: Any, capabilities: Capabilities
+) -> Callable[[SlotArena], SlotBuilder | None]:
     """What makes, given the arena, the builder with which the main process may build a batch
     itself while it would wait for a worker (``_claims.py``): one that builds the one-call
     batches, and any batch of a reader and a collate that both say their output is the same in
     any process (``fastload._protocols``); ``None`` where neither applies. (Never with a
     ``worker_init_fn``, which may change what a worker's dataset reads: the caller sees to
     that.)"""
-    general = bool(getattr(dataset, "process_independent_reads", False)) and bool(
-        getattr(collate, "process_independent", False)
-    )
+    general = capabilities.dataset.process_independent_reads and capabilities.collate.process_independent
 
     def make(arena: SlotArena) -> SlotBuilder | None:
-        builder = SlotBuilder(dataset, collate, os.getpid(), slots=arena)
+        builder = SlotBuilder(dataset, collate, os.getpid(), slots=arena, capabilities=capabilities)
         return builder if general or builder.one_call() else None
 
     return make

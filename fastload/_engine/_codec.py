@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from fastload._engine._counts import planned_counts
 from fastload._engine._messages import Reply, TaskMessage
 from fastload._engine._transport import loads
 from fastload._types import Counts
@@ -46,8 +47,8 @@ class GenericCodec:
 
     takes_over = False
 
-    def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
-        return payload, None
+    def deliver(self, index: Any, payload: Any) -> tuple[Any, Counts | None]:
+        return payload, planned_counts(index)
 
     def retry(self, index: Any, payload: Any) -> Any:
         return None

@@ -7,7 +7,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastload._types import Counts
+from fastload._types import Counts, PackedBatch
+
+
+def planned_counts(index: Any) -> Counts | None:
+    """What a packed plan says of its batch, whatever collated it: rows, real tokens (its
+    pieces') and padded tokens (``rows * seq_len``); ``None`` for any other index."""
+    if isinstance(index, PackedBatch):
+        return Counts(index.rows, index.num_tokens, index.rows * index.seq_len)
+    return None
 
 
 def batch_counts(batch: Any) -> Counts:
@@ -24,6 +32,8 @@ def batch_counts(batch: Any) -> Counts:
     else:
         values = [batch]
     for v in values:
+        if isinstance(v, torch.Tensor) and v.is_nested:
+            return Counts(int(v.size(0)))  # its other sizes vary: it has no .shape
         if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim:
             return Counts(int(v.shape[0]))
         if isinstance(v, (list, tuple, dict)):

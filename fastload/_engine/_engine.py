@@ -108,10 +108,10 @@ class Engine:
     def pending(self) -> int:
         return self._reorder.pending
 
-    def new_epoch(self) -> None:
+    def new_epoch(self, shared_seed: int | None = None) -> None:
         """Start over with the same workers (``persistent_workers``). Tasks of the old epoch still
         in flight are remembered: their results arrive tagged with the old epoch and are dropped
-        then, once their worker is done writing."""
+        then, once their worker is done writing. ``shared_seed``: see ``Resume``."""
         for kind, task, _ in self._reorder.drain():
             if kind is OK:
                 self._codec.drop(task.index)
@@ -121,7 +121,7 @@ class Engine:
         self._reorder = ReorderBuffer(in_order=self._reorder.in_order)
         self._next_seq = 0
         for wid in range(self._dispatch.num_workers):
-            self._pool.send(wid, Resume(self.epoch))
+            self._pool.send(wid, Resume(self.epoch, shared_seed))
 
     def put(self, index: Any) -> bool:
         """Dispatch one task; ``False`` when no worker is active to take it."""

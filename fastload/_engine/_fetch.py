@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
+from fastload._capabilities import Capabilities, resolve
 from fastload._types import Counts
 
 
@@ -77,16 +78,16 @@ class ColumnarFetcher:
     the batch into new arrays as a worker writes it into a slot (``fastload._protocols``): the
     same arrays, in the same order, then the object fields."""
 
-    def __init__(self, dataset: Any, collate: Any) -> None:
+    def __init__(self, dataset: Any, collate: Any, capabilities: Capabilities | None = None) -> None:
         self.dataset = dataset
         self.collate = collate
+        self._prepares = (resolve(dataset, collate) if capabilities is None else capabilities).collate.prepare
         #: What the last batch holds, where the collate says (``prepare``'s counts).
         self.last_counts: Counts | None = None
 
     def fetch(self, index: Any) -> dict[str, Any]:
         columnar = self.dataset.read_batch(np.asarray(index, dtype=np.int64))
-        prepare = getattr(self.collate, "prepare", None)
-        prepared = prepare(columnar) if prepare is not None else None
+        prepared = self.collate.prepare(columnar) if self._prepares else None
         self.last_counts = prepared.counts if prepared is not None else None
         layout = prepared.layout if prepared is not None else self.collate.layout(columnar)
         arrays = {name: np.empty(shape, dtype) for name, (shape, dtype) in layout.items()}
@@ -100,10 +101,16 @@ class ColumnarFetcher:
 
 
 def in_process_fetcher(
-    dataset: Any, collate_fn: Callable[[Any], Any], *, auto_collation: bool, drop_last: bool, fast: bool
+    dataset: Any,
+    collate_fn: Callable[[Any], Any],
+    *,
+    auto_collation: bool,
+    drop_last: bool,
+    fast: bool,
+    capabilities: Capabilities | None = None,
 ) -> ColumnarFetcher | MapFetcher | IterableFetcher:
     """What builds the batches of a loader with ``num_workers=0``: the fast path's columnar
     read where it applies (``fast``), else torch's per-sample fetch."""
     if fast:
-        return ColumnarFetcher(dataset, collate_fn)
+        return ColumnarFetcher(dataset, collate_fn, capabilities)
     return make_fetcher(dataset, auto_collation, collate_fn, drop_last)

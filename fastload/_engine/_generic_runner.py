@@ -59,9 +59,9 @@ class GenericRunner(RunnerBase):
                 self._try_put()
         return item
 
-    def new_epoch(self, sampler_iter: Iterator[Any]) -> None:
+    def new_epoch(self, sampler_iter: Iterator[Any], shared_seed: int | None = None) -> None:
         self._sampler_iter = sampler_iter
-        self._engine.new_epoch()
+        self._engine.new_epoch(shared_seed)
         self._skip_refills = 0  # the new epoch is primed for the workers that stay
         self._prime()
 

@@ -65,9 +65,12 @@ class Delivery(NamedTuple):
 
 @dataclass(frozen=True)
 class Resume:
-    """Start epoch ``epoch``: re-create the fetcher (an iterable dataset starts over)."""
+    """Start epoch ``epoch``: re-create the fetcher (an iterable dataset starts over), a
+    DataPipe graph seeded first with ``shared_seed`` where one is given (as torch's workers
+    seed theirs: every worker the same, so that its shard of a shuffled pipe is its own)."""
 
     epoch: int
+    shared_seed: int | None = None
 
 
 @dataclass

@@ -45,7 +45,7 @@ from typing import Any
 
 from fastload._engine._messages import Reply
 from fastload._engine._pools import WorkerDied
-from fastload._engine._reaper import join_or_kill, reap
+from fastload._engine._reaper import join_or_kill, reap, track
 from fastload._engine._transport import dumps_task, loads, take_frames, write_frame
 from fastload._engine._worker import WorkerSpec, worker_main
 
@@ -153,6 +153,7 @@ class WorkerPool:
         self._progress[wid] = -1
         with _frozen_for_fork(self._ctx):
             proc.start()
+        track(proc)
         writer.close()  # the worker holds the only write end: its death closes the pipe
         task_reader.close()
         os.set_blocking(reader, False)

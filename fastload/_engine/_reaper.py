@@ -9,7 +9,9 @@ only for that goodbye (NOTE [shutdown order] in ``_pool.py``) and hands the proc
 exit (a user's ``atexit`` handler, say).
 
 The thread starts on first use and lives as long as the process. A forked child starts with a
-reaper of its own: its parent's workers are not its to join. At interpreter exit, before
+reaper of its own: its parent's workers are not its to join, so it also drops them from
+multiprocessing's own list of children, whose exit handler would otherwise join them (and fail,
+exiting the child with status 1, when fork copied one that the parent was closing). At interpreter exit, before
 multiprocessing's own exit handler, :func:`flush` waits until everything handed over is joined.
 """
 
@@ -22,6 +24,8 @@ import os
 import queue
 import threading
 import time
+import weakref
+from multiprocessing import process as mp_process
 from typing import Any
 
 GRACE_S = 5.0  # how long a process that said goodbye may take to exit before SIGTERM
@@ -78,6 +82,15 @@ class _Reaper:
 _reaper = _Reaper()
 
 
+#: Every worker process this process started (weakly): what a forked child must not join.
+_started: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(proc: Any) -> None:
+    """Remember ``proc``, a worker just started, as this process's (see the module text)."""
+    _started.add(proc)
+
+
 def reap(procs: list[Any]) -> None:
     """Join ``procs`` (processes that are leaving and will touch nothing of ours again) in the
     background, escalating as :func:`join_or_kill` does after :data:`GRACE_S`."""
@@ -92,8 +105,13 @@ def flush() -> None:
 
 
 def _fresh_in_child() -> None:
-    global _reaper
+    global _reaper, _started
     _reaper = _Reaper()
+    children = getattr(mp_process, "_children", None)  # multiprocessing's, copied by fork
+    for proc in list(_started):
+        if children is not None:
+            children.discard(proc)
+    _started = weakref.WeakSet()
 
 
 os.register_at_fork(after_in_child=_fresh_in_child)

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from torch.utils.data import IterableDataset
 
+from fastload._capabilities import Capabilities, resolve
 from fastload._engine._arena import SlotDevice
 from fastload._engine._generic_runner import GenericRunner
 from fastload._engine._host import HostPolicy
@@ -65,24 +66,32 @@ class RunnerOptions:
     #: Workers tell the kernel which byte ranges the tasks queued behind their current one read
     #: (``willneed``, ``fastload._protocols``), so that a cold disk reads them ahead.
     readahead: bool = False
+    #: What the engine may use of the dataset and the collate, as the loader resolved them
+    #: (``fastload._capabilities``); ``None``: resolved here, from the two.
+    resolved: Capabilities | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.resolved if self.resolved is not None else resolve(self.dataset, self.collate_fn)
 
     @property
     def fast_collate(self) -> Any:
         """The slot collate when the fast path applies (see :func:`fast_path_collate`)."""
-        return fast_path_collate(self.dataset, self.collate_fn, self.auto_collation, self.num_workers)
+        return fast_path_collate(
+            self.dataset, self.collate_fn, self.auto_collation, self.num_workers, self.capabilities
+        )
 
 
-def fast_path_collate(dataset: Any, collate: Any, auto_collation: bool, num_workers: int) -> Any:
+def fast_path_collate(
+    dataset: Any, collate: Any, auto_collation: bool, num_workers: int, capabilities: Capabilities | None = None
+) -> Any:
     """``collate`` when the fast path applies, else ``None``: a map-style dataset that is a
-    ``BatchReader`` (``read_batch``, ``lengths`` and ``fields``), batches of indices, and a collate that is
-    a ``SlotCollate`` (``layout`` and ``collate_into``); see ``fastload._protocols``."""
+    ``BatchReader`` (``read_batch``, ``lengths`` and ``fields`` of fastload's), batches of
+    indices, and a collate that is a ``SlotCollate`` whose ``__call__`` they compute (see
+    ``fastload._capabilities``)."""
     if isinstance(dataset, IterableDataset) or not auto_collation:
         return None
-    if not (callable(getattr(dataset, "read_batch", None)) and hasattr(dataset, "lengths")):
-        return None
-    if not hasattr(dataset, "fields"):
-        return None  # the slots are sized from what the fields hold
-    if not (callable(getattr(collate, "layout", None)) and callable(getattr(collate, "collate_into", None))):
+    if not (capabilities if capabilities is not None else resolve(dataset, collate)).fast_path:
         return None
     if num_workers > 0 and not os.path.isdir("/proc/self/fd"):
         return None  # workers map the slots through /proc (Linux); elsewhere the generic path runs
@@ -115,7 +124,8 @@ class Runner(Protocol):
 
     def get(self) -> Delivery: ...
 
-    def new_epoch(self, sampler_iter: Iterator[Any]) -> None: ...
+    def new_epoch(self, sampler_iter: Iterator[Any], shared_seed: int | None = None) -> None:
+        """Start over on the same workers; ``shared_seed`` seeds a DataPipe graph in each."""
 
     def add_worker(self) -> None: ...
 
@@ -128,6 +138,9 @@ class Runner(Protocol):
 
 def start_runner(options: RunnerOptions, sampler_iter: Iterator[Any]) -> Runner:
     """Start the workers for ``options`` and send them the first tasks from ``sampler_iter``."""
+    capabilities = options.capabilities
+    if options.resolved is None:
+        options = replace(options, resolved=capabilities)
     collate = options.fast_collate
     if collate is not None:
         return SlotRunner(options, collate, sampler_iter)

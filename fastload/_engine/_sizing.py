@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._capabilities import Capabilities, resolve
 from fastload._engine._arena import SlotArena, SlotDevice, align, available_memory_bytes
 from fastload._protocols import Layout
 from fastload._types import Field, Ragged
@@ -147,29 +148,32 @@ def slot_arena(
     slots: int,
     max_bytes: int | None,
     pin: SlotDevice | None,
+    capabilities: Capabilities | None = None,
 ) -> tuple[SlotArena, BatchBytes | None]:
     """The slots for ``reader``'s batches padded by ``collate``: sized for the largest batch
     ``index_sampler`` can make where it says so and that fits in ``max_bytes`` (default a
     quarter of the available memory), else sized from the batches that come (then with the
     :class:`BatchBytes` that measures them)."""
+    capabilities = resolve(reader, collate) if capabilities is None else capabilities
+    fields = capabilities.dataset.fields
+    assert fields is not None, "the fast path runs only for a reader with fields"
     lengths = np.asarray(reader.lengths)
     if max_bytes is None:
         max_bytes = max(_MIN_SHARED_BYTES, (available_memory_bytes() or 4 << 30) // 4)
-    bound = _collate_bound(collate, reader)
+    bound = _collate_bound(collate, reader) if capabilities.collate.max_layout else None
     rows, max_tokens = _plan_rows_and_tokens(index_sampler)
     if bound is None and (rows is not None or max_tokens is not None):
-        bound = slot_bytes_bound(collate, reader.fields, lengths, rows=rows, max_tokens=max_tokens)
+        bound = slot_bytes_bound(collate, fields, lengths, rows=rows, max_tokens=max_tokens)
     if bound is not None and SlotArena.stride(bound) * slots <= max_bytes:
         return SlotArena(slot_bytes=bound, slots=slots, max_bytes=max_bytes, pin=pin), None
     arena = SlotArena(slot_bytes=0, slots=slots, max_bytes=max_bytes, pin=pin)
-    return arena, BatchBytes(collate, reader.fields, lengths)
+    return arena, BatchBytes(collate, fields, lengths)
 
 
 def _collate_bound(collate: Any, reader: Any) -> int | None:
     """The bytes of the largest batch, where the collate can tell from the reader alone
     (``max_layout``, ``fastload._protocols``)."""
-    offer = getattr(collate, "max_layout", None)
-    layout = offer(reader) if offer is not None else None
+    layout = collate.max_layout(reader)
     return None if layout is None else plan_layout(layout)[1]
 
 

@@ -62,14 +62,15 @@ class SlotRunner(RunnerBase):
             slots=options.prefetch_factor * options.num_workers + 2,
             max_bytes=options.max_shared_bytes,
             pin=options.pin,
+            capabilities=options.capabilities,
         )
         main = None
         if host.main_builds and options.worker_init_fn is None:
-            main = main_builder(options.dataset, collate)
+            main = main_builder(options.dataset, collate, options.capabilities)
         self._codec = SlotCodec(self._arena, main, batch_bytes)
         self._cores = host.consumer_core()
         self._window_left = WARMUP  # deliveries until the next window of the placement closes
-        builder = SlotBuilder(options.dataset, collate, os.getpid())
+        builder = SlotBuilder(options.dataset, collate, os.getpid(), capabilities=options.capabilities)
         specs = SpecFactory(worker_spec(options, builder), host, self._cores)
         # Worker 0 is forked first and gets the first task before the others are forked, so
         # the first batch is built while they start.
@@ -119,7 +120,8 @@ class SlotRunner(RunnerBase):
         elif decision == CONFINE:
             cores.confine(self._engine.worker_pids)
 
-    def new_epoch(self, sampler_iter: Iterator[Any]) -> None:
+    def new_epoch(self, sampler_iter: Iterator[Any], shared_seed: int | None = None) -> None:
+        # shared_seed is for DataPipe graphs, which are iterable: never on the fast path.
         self._pump.new_epoch(IndexSource(sampler_iter, self._codec))
         self._prime()
 

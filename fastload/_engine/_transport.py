@@ -64,6 +64,7 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
     if (
         t.device.type == "cpu"
         and t.layout == torch.strided
+        and not t.is_nested  # strided too, but no flat buffer of its shape: torch's reducer
         and not t.requires_grad
         and not t.is_quantized
         and t.is_contiguous()

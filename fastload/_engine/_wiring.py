@@ -52,6 +52,7 @@ def worker_spec(options: RunnerOptions, builder: SlotBuilder | None) -> WorkerSp
         epoch=0,
         builder=builder,
         readahead=options.readahead,
+        capabilities=options.capabilities.dataset,
     )
 
 

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterDataPipe, graph_settings
 from torch.utils.data._utils import worker as torch_worker
 
+from fastload._capabilities import DatasetCapabilities, resolve_dataset
 from fastload._engine._fetch import IterableFetcher, make_fetcher
 from fastload._engine._host import WorkerHost
 from fastload._engine._messages import EXHAUSTED, FAILED, OK, Kind, Reply, Resume, WorkerFailure
@@ -56,6 +58,12 @@ class WorkerSpec:
     builder: Any = None  # the fast path's batch builder; None for the generic path
     host: WorkerHost = field(default_factory=WorkerHost)  # what the host policy has it do
     readahead: bool = False  # hint the kernel about the queued tasks' byte ranges
+    #: The dataset's capabilities as the loader resolved them (None: resolved in the worker).
+    capabilities: DatasetCapabilities | None = None
+
+    @property
+    def dataset_capabilities(self) -> DatasetCapabilities:
+        return self.capabilities if self.capabilities is not None else resolve_dataset(self.dataset)
 
 
 def _seed(spec: WorkerSpec) -> int:
@@ -115,7 +123,8 @@ def worker_main(
         init_failure = _failure(exc, spec, index=None)
 
     exhausted = False
-    storage_counts = getattr(spec.dataset, "storage_counts", None)  # (fastload._protocols)
+    capabilities = spec.dataset_capabilities
+    storage_counts = spec.dataset.storage_counts if capabilities.storage_counts else None
     if storage_counts is not None and storage_counts() is None:
         storage_counts = None  # a local dataset
     # The fast path's builder reads and writes its per-batch messages in a binary form of its
@@ -140,6 +149,10 @@ def worker_main(
                 return
             if isinstance(msg, Resume):
                 exhausted = False
+                if msg.shared_seed is not None and isinstance(spec.dataset, IterDataPipe):
+                    shared = torch.Generator()
+                    shared.manual_seed(msg.shared_seed)
+                    graph_settings.apply_random_seed(spec.dataset, shared)
                 if init_failure is None:
                     fetcher = _new_fetcher(spec)
                 continue
@@ -224,9 +237,9 @@ def _readahead(spec: WorkerSpec) -> Callable[[list[Any]], None] | None:
     (``fastload._protocols``) of each task's indices, called by a thread of its own so that
     the build of the current task does not wait for the hints; ``None`` where the dataset has
     no ``willneed``."""
-    willneed = getattr(spec.dataset, "willneed", None)
-    if willneed is None:
+    if not spec.dataset_capabilities.willneed:
         return None
+    willneed = spec.dataset.willneed
     queued: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def run() -> None:

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fastload"
 FORBIDDEN = {
     "fastload._types": ["fastload._"],
     "fastload._protocols": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._options", "fastload._storage"],
+    "fastload._capabilities": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._options", "fastload._storage"],
     "fastload._storage": ["fastload._formats", "fastload._engine", "fastload._sampling", "fastload._collate", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert"],
     "fastload._remote": ["fastload._formats", "fastload._engine", "fastload._sampling", "fastload._collate", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert"],
     "fastload._formats": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._sampling", "fastload._collate"],

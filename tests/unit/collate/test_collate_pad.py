@@ -189,8 +189,8 @@ def test_collate_into_rejects_arrays_that_do_not_match_the_layout() -> None:
     good = {name: np.empty(shape, dtype) for name, (shape, dtype) in collate.layout(batch).items()}
     with pytest.raises(ValueError, match="needs arrays"):
         collate.collate_into(batch, {k: v for k, v in good.items() if k != "lengths"})
-    with pytest.raises(ValueError, match=r"'ids' must have shape \(2, 2\) and dtype int32"):
-        collate.collate_into(batch, {**good, "ids": np.empty((2, 3), np.int32)})
+    with pytest.raises(ValueError, match=r"'ids' must have shape \(2, 2\) and dtype int64"):
+        collate.collate_into(batch, {**good, "ids": np.empty((2, 3), np.int64)})
 
 
 @pytest.mark.parametrize(
@@ -220,11 +220,26 @@ def test_a_pad_value_the_output_dtype_cannot_hold_is_rejected_naming_the_field()
     with pytest.raises(
         ValueError, match=r"pad_value -100 for field 'ids' does not fit its dtype uint16"
     ):
-        PadCollate(pad_value=-100)(batch)
-    assert PadCollate(pad_value=-100, dtype=torch.int64)(batch)["ids"].tolist() == [
+        PadCollate(pad_value=-100, dtype=torch.uint16)(batch)
+    assert PadCollate(pad_value=-100)(batch)["ids"].tolist() == [
         [1, -100],
         [2, 3],
     ]
+
+
+def test_narrow_integer_ids_come_out_as_int64_unless_dtype_says_otherwise() -> None:
+    batch: ColumnarBatch = {
+        "ids": ragged([[1, 2], [3]], np.uint16),
+        "loss_mask": ragged([[1, 0], [1]], np.uint8),
+        "audio": ragged([[0.5], [1.5]], np.float32),
+    }
+    out = PadCollate()(batch)
+    assert out["ids"].dtype == torch.int64
+    assert out["loss_mask"].dtype == torch.uint8 and out["audio"].dtype == torch.float32
+    assert torch.nn.Embedding(8, 2)(out["ids"]).shape == (2, 2, 2)
+    assert PadCollate(dtype=torch.uint16)({"ids": batch["ids"]})["ids"].dtype == torch.uint16
+    assert PadCollate(dtype={"ids": torch.uint16})(batch)["ids"].dtype == torch.uint16
+    assert PadCollate(primary="audio")(batch)["ids"].dtype == torch.uint16
 
 
 def test_a_dtype_of_another_kind_is_rejected() -> None:

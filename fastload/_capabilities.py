@@ -1,0 +1,193 @@
+"""What a dataset and a collate can do for the engine, decided once by the loader.
+
+The loader resolves the capabilities of its dataset and of its collate here, by ``isinstance``
+on the Protocols of :mod:`fastload._protocols` and a check of what each attribute holds, into
+one frozen :class:`Capabilities` that it hands to the engine. Nothing below the loader looks at
+a user's object by attribute name: a dataset whose own ``fields`` is a dict of lists, or whose
+``remote`` is a flag of its own, is simply a dataset without those capabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+from fastload._protocols import (
+    AdvisesReads,
+    BoundedCollate,
+    CountsStorage,
+    MapsRagged,
+    OneCallCollate,
+    PrefetchesShards,
+    PreparingCollate,
+    ProcessIndependentCollate,
+    ProcessIndependentReader,
+    ReadsInPlace,
+    RemoteReader,
+    SlotCollate,
+    SpanCollate,
+)
+from fastload._types import Field
+
+
+@dataclass(frozen=True)
+class DatasetCapabilities:
+    """What the engine may use of a dataset (see :mod:`fastload._protocols`)."""
+
+    #: ``read_batch``, ``lengths`` and a ``fields`` of :class:`~fastload._types.Field`.
+    batch_reader: bool = False
+    #: A ``read_batch`` that can be called and ``lengths`` (a reader that may lack ``fields``).
+    reads_batches: bool = False
+    #: Its ``fields`` where they are fastload's field descriptions, else ``None``.
+    fields: Mapping[str, Field] | None = None
+    remote: bool = False
+    storage_counts: bool = False
+    prefetch: bool = False
+    willneed: bool = False
+    process_independent_reads: bool = False
+    reads_in_place: bool = False
+    #: ``mapped_ragged()``, with ``reads_in_place``: a one-call build may gather from the map.
+    mapped_ragged: bool = False
+
+
+@dataclass(frozen=True)
+class CollateCapabilities:
+    """What the engine may use of a collate (see :mod:`fastload._protocols`)."""
+
+    #: ``layout`` and ``collate_into``, which compute what the collate's ``__call__`` returns
+    #: (a subclass that overrides ``__call__`` alone is not one: the engine would bypass it).
+    slot_collate: bool = False
+    #: ``prepare``, which plans what its ``layout`` and ``collate_into`` write (a subclass that
+    #: overrides either of those is asked through them instead).
+    prepare: bool = False
+    one_call_builder: bool = False
+    max_layout: bool = False
+    takes_spans: bool = False
+    process_independent: bool = False
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The dataset's and the collate's capabilities, as the loader resolved them."""
+
+    dataset: DatasetCapabilities = DatasetCapabilities()
+    collate: CollateCapabilities = CollateCapabilities()
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether the pair can build whole batches straight into slots: a batch reader and a
+        slot collate."""
+        return self.dataset.batch_reader and self.collate.slot_collate
+
+
+def _flag(obj: Any, name: str) -> bool:
+    """``True`` only where the attribute is the boolean ``True`` (numpy's included)."""
+    value = getattr(obj, name, False)
+    return isinstance(value, (bool, np.bool_)) and bool(value)
+
+
+def dataset_fields(dataset: Any) -> Mapping[str, Field] | None:
+    """``dataset.fields`` where it is a mapping of names to :class:`~fastload._types.Field`
+    (fastload's readers'), else ``None`` (a dataset's own attribute of that name)."""
+    try:
+        fields = getattr(dataset, "fields", None)
+    except Exception:  # a property that cannot say (a wrapper whose dataset has none)
+        return None
+    if not isinstance(fields, Mapping) or not all(isinstance(f, Field) for f in fields.values()):
+        return None
+    return fields
+
+
+def resolve_dataset(dataset: Any) -> DatasetCapabilities:
+    """The capabilities of ``dataset`` (see the module text)."""
+    if isinstance(dataset, IterableDataset):
+        return DatasetCapabilities()
+    fields = dataset_fields(dataset)
+    reads_batches = callable(getattr(dataset, "read_batch", None)) and _has(dataset, "lengths")
+    # BatchReader's members, ``__len__`` aside: a reader driven by a batch sampler needs none.
+    reader = reads_batches and fields is not None
+    in_place = (
+        reader
+        and isinstance(dataset, ReadsInPlace)
+        and _flag(dataset, "reads_in_place")
+        and callable(dataset.read_batch_in_place)
+    )
+    return DatasetCapabilities(
+        batch_reader=reader,
+        reads_batches=reads_batches,
+        fields=fields,
+        remote=isinstance(dataset, RemoteReader) and _flag(dataset, "remote") and callable(dataset.storage_counts),
+        storage_counts=isinstance(dataset, CountsStorage) and callable(dataset.storage_counts),
+        prefetch=isinstance(dataset, PrefetchesShards) and callable(dataset.prefetch),
+        willneed=isinstance(dataset, AdvisesReads) and callable(dataset.willneed),
+        process_independent_reads=reader and isinstance(dataset, ProcessIndependentReader)
+        and _flag(dataset, "process_independent_reads"),
+        reads_in_place=in_place,
+        mapped_ragged=in_place and isinstance(dataset, MapsRagged) and callable(dataset.mapped_ragged),
+    )
+
+
+def resolve_collate(collate: Any) -> CollateCapabilities:
+    """The capabilities of ``collate`` (see the module text and :class:`CollateCapabilities`)."""
+    if not (
+        isinstance(collate, SlotCollate) and callable(collate.layout) and callable(collate.collate_into)
+    ):
+        return CollateCapabilities()
+    cls = type(collate)
+    slot = _below(cls, "layout", "__call__") and _below(cls, "collate_into", "__call__")
+    prepare = (
+        isinstance(collate, PreparingCollate)
+        and callable(collate.prepare)
+        and _below(cls, "prepare", "layout")
+        and _below(cls, "prepare", "collate_into")
+    )
+    return CollateCapabilities(
+        slot_collate=slot,
+        prepare=prepare,
+        # A one-call build writes what ``prepare`` plans: only where that is what counts.
+        one_call_builder=prepare and isinstance(collate, OneCallCollate) and callable(collate.one_call_builder),
+        max_layout=isinstance(collate, BoundedCollate) and callable(collate.max_layout),
+        takes_spans=isinstance(collate, SpanCollate) and _flag(collate, "takes_spans"),
+        process_independent=isinstance(collate, ProcessIndependentCollate) and _flag(collate, "process_independent"),
+    )
+
+
+def resolve(dataset: Any, collate: Any) -> Capabilities:
+    """The capabilities of the pair the engine reads and collates with."""
+    return Capabilities(resolve_dataset(dataset), resolve_collate(collate))
+
+
+def _has(obj: Any, name: str) -> bool:
+    try:
+        return getattr(obj, name, None) is not None
+    except Exception:
+        return False
+
+
+def _below(cls: type, method: str, other: str) -> bool:
+    """Whether ``cls`` takes ``method`` from the class that defines its ``other``, or from a
+    subclass of it: an ``other`` overridden below ``method`` is a change ``method`` knows
+    nothing of. A class that defines neither (an instance attribute) counts as consistent."""
+    owner, other_owner = _owner(cls, method), _owner(cls, other)
+    if owner is None or other_owner is None or other_owner is object:
+        return True
+    return issubclass(owner, other_owner)
+
+
+def _owner(cls: type, name: str) -> type | None:
+    return next((k for k in cls.__mro__ if name in vars(k)), None)
+
+
+__all__ = [
+    "Capabilities",
+    "CollateCapabilities",
+    "DatasetCapabilities",
+    "dataset_fields",
+    "resolve",
+    "resolve_collate",
+    "resolve_dataset",
+]

@@ -1,0 +1,77 @@
+"""The loader's record of what a dataset and a collate can do: decided by the Protocols and by
+what each attribute holds, never by an attribute's name alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+import fastload
+from fastload._capabilities import resolve, resolve_collate, resolve_dataset
+
+
+class Reader(torch.utils.data.Dataset[Any]):
+    process_independent_reads = True
+
+    def __init__(self) -> None:
+        self.lengths = np.array([3, 1])
+        self.fields = {"ids": fastload.Field("ids", "ragged", np.dtype(np.int32))}
+
+    def __len__(self) -> int:
+        return 2
+
+    def read_batch(self, indices: Any) -> dict[str, Any]:
+        return {}
+
+
+class Impostor(torch.utils.data.Dataset[Any]):
+    """Attributes named like every dataset capability, none of them of its kind."""
+
+    fields = {"ids": [1, 2]}
+    lengths = [3, 1]
+    remote = True
+    read_batch = "not a method"
+    process_independent_reads = "yes"
+    reads_in_place = 1
+    read_batch_in_place = None
+    storage_counts = 0
+    prefetch = 2
+    willneed = False
+
+
+def test_a_reader_has_what_it_declares() -> None:
+    found = resolve_dataset(Reader())
+    assert found.batch_reader and found.reads_batches and found.process_independent_reads
+    assert found.fields is not None and list(found.fields) == ["ids"]
+    assert not (found.remote or found.reads_in_place or found.storage_counts or found.willneed)
+
+
+def test_attributes_named_like_capabilities_but_of_another_kind_are_not_capabilities() -> None:
+    found = resolve_dataset(Impostor())
+    assert found == type(found)()  # nothing at all
+
+
+def test_a_pad_collate_has_the_slot_capabilities_and_a_subclass_keeps_what_it_does_not_change() -> None:
+    plain = resolve_collate(fastload.PadCollate())
+    assert plain.slot_collate and plain.prepare and plain.one_call_builder and plain.takes_spans
+    assert plain.process_independent
+
+    class Calls(fastload.PadCollate):
+        def __call__(self, batch: Any) -> dict[str, Any]:
+            return super().__call__(batch)
+
+    class Writes(fastload.PadCollate):
+        def collate_into(self, batch: Any, out: Any) -> None:
+            super().collate_into(batch, out)
+
+    assert not resolve_collate(Calls()).slot_collate  # the engine would bypass its __call__
+    writes = resolve_collate(Writes())
+    assert writes.slot_collate and not writes.prepare and not writes.one_call_builder
+
+
+def test_the_fast_path_needs_both_halves() -> None:
+    assert resolve(Reader(), fastload.PadCollate()).fast_path
+    assert not resolve(Impostor(), fastload.PadCollate()).fast_path
+    assert not resolve(Reader(), lambda batch: batch).fast_path
