@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from fastload._formats._arrow_check import check_batch
 from fastload._formats._arrow_convert import (
     NullFill,
     check_fill,
@@ -62,6 +63,8 @@ class ArrowShard:
                 return views[dtype]
 
             batches = self._segments.kept()
+            for s, batch in enumerate(batches):
+                self._check(s, batch)
             for name, spec in fields.items():
                 arrays = [field_array(b, spec.path) for b in batches]
                 mapped = build_mapped(spec, arrays, self._starts, file, view_of)
@@ -98,7 +101,10 @@ class ArrowShard:
         spec = self._fields[field]
         parts = []
         for s in range(len(self._starts)):
-            array = field_array(self._segments.decode(s, [spec.path[0]]), spec.path)
+            batch = self._segments.decode(s, [spec.path[0]])
+            if self._segments.mapped_file is None:
+                self._check(s, batch, {field: spec})
+            array = field_array(batch, spec.path)
             rows = np.arange(len(array), dtype=np.int64) + self._starts[s] + self._first_sample
             parts.append(list_lengths(array, spec, self._null_fill, rows, self._path))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
@@ -107,6 +113,13 @@ class ArrowShard:
         self._mapped = {}
         self._segments.close()
 
+    def _check(
+        self, segment: int, batch: pa.RecordBatch, fields: dict[str, ArrowField] | None = None
+    ) -> None:
+        """Check a record batch once, as it is decoded in this process (``_arrow_check``)."""
+        first = self._first_sample + int(self._starts[segment])
+        check_batch(batch, self._fields if fields is None else fields, first, self._path)
+
     def _segment(self, segment: int) -> pa.RecordBatch:
         if self._segments.mapped_file is not None:
             return self._segments.decode(segment, self._columns)
@@ -114,6 +127,7 @@ class ArrowShard:
         batch = self._cache.get(key)
         if batch is None:
             batch = self._segments.decode(segment, self._columns)
+            self._check(segment, batch)
             self._cache.put(key, batch, batch.nbytes)
         return batch
 
