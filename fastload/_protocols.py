@@ -21,6 +21,9 @@ Reader capabilities
 * ``mapped_ragged()`` (:class:`MappedReader`) — for a dataset of one ragged field whose values
   and int64 offsets lie in a memory map: ``(field, values, offsets)``, else ``None``. With it a
   collate may build a batch in one native call (:meth:`SlotCollate.one_call_builder`).
+* ``check_mapped()`` — raise an error when a file the dataset reads through a memory map has
+  shrunk since it was mapped (a truncated file: reading the map would kill the process with
+  SIGBUS). The engine calls it before each one-call build, which reads the map directly.
 * ``willneed(indices)`` — tell the kernel that the samples ``indices`` will be read soon
   (returns the bytes advised). With ``DataLoader(readahead=True)`` each worker calls it for the
   tasks queued behind the one it builds; an error it raises is ignored (the read reports it).

@@ -52,6 +52,7 @@ class SlotBuilder:
         self._read: Any = None  # looked up on the first build, in the process that builds
         self._one_call: OneCallBuilder | None = None
         self._one_call_tried = False  # decided once, at the first build (or one_call())
+        self._check_mapped: Callable[[], None] | None = None
 
     def task_message(self, data: bytes) -> Any:
         """A message from the main process: a :class:`TaskMessage` of a :class:`SlotTask`, or
@@ -94,6 +95,8 @@ class SlotBuilder:
             self._one_call_tried = True
             offer = getattr(self.collate, "one_call_builder", None)
             self._one_call = offer(self.dataset) if offer is not None else None
+            # A one-call build reads the dataset's memory map without calling the dataset.
+            self._check_mapped = getattr(self.dataset, "check_mapped", None)
         return self._one_call is not None
 
     def build(self, task: SlotTask) -> SlotBatch | TooLarge:
@@ -101,6 +104,8 @@ class SlotBuilder:
         try:
             if self.one_call():
                 assert self._one_call is not None
+                if self._check_mapped is not None:
+                    self._check_mapped()  # a truncated file: an error, not SIGBUS
                 built = self._one_call.build_into(task.raw, self._slots.segment(slot), slot.offset, slot.capacity)
                 if isinstance(built, Built):
                     self.last_read_s = self._one_call.last_s  # all of it reads from the map

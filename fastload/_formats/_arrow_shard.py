@@ -21,6 +21,7 @@ from fastload._formats._arrow_schema import ArrowField, field_array
 from fastload._formats._arrow_source import Segments, open_segments
 from fastload._formats._cache import BlockCache
 from fastload._formats._columns import group_positions, inverse_permutation, permute_column
+from fastload._formats._mmap import SizeWatch
 from fastload._formats._readahead import ByteRanges
 from fastload._types import Column
 
@@ -49,6 +50,11 @@ class ArrowShard:
         self._cache = cache
         self._columns = sorted({spec.path[0] for spec in fields.values()})
         self._segments: Segments = open_segments(path)
+        try:
+            self._size = SizeWatch(path)
+        except BaseException:
+            self._segments.close()
+            raise
         self._starts = np.concatenate([[0], np.cumsum(self._segments.rows)])[:-1].astype(np.int64)
         self._mapped: dict[str, MappedColumn] = {}
         file = self._segments.mapped_file
@@ -109,9 +115,14 @@ class ArrowShard:
             parts.append(list_lengths(array, spec, self._null_fill, rows, self._path))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` when the file shrank since pyarrow mapped it."""
+        self._size.check()
+
     def close(self) -> None:
         self._mapped = {}
         self._segments.close()
+        self._size.close()
 
     def _check(
         self, segment: int, batch: pa.RecordBatch, fields: dict[str, ArrowField] | None = None

@@ -148,6 +148,10 @@ class MappedShard(_ColumnReads):
     def release_unused_file(self) -> None:
         """Nothing to release: no HDF5 file is open."""
 
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` when the file shrank since it was mapped."""
+        self._map.check_size()
+
     def close(self) -> None:
         self._map.close()
 
@@ -203,6 +207,10 @@ class H5Shard(_ColumnReads):
                 " expected int64 [N]"
             )
         return np.asarray(dset[...])
+
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` when the file shrank since it was mapped."""
+        self._map.check_size()
 
     def close(self) -> None:
         self._map.close()
