@@ -102,6 +102,14 @@ class MappedReader(BatchReader, Protocol):
     def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None: ...
 
 
+@runtime_checkable
+class CheckedMapReader(Protocol):
+    """A reader that can tell when a file it has memory-mapped has shrunk (see the module
+    text): the engine asks before each one-call build, which reads the map directly."""
+
+    def check_mapped(self) -> None: ...
+
+
 class PreparedBatch(Protocol):
     """One batch as a collate planned it: the arrays it needs, and how to fill them."""
 
@@ -160,6 +168,7 @@ __all__ = [
     "ALIGN",
     "BatchReader",
     "Built",
+    "CheckedMapReader",
     "InPlaceReader",
     "Layout",
     "MappedReader",

@@ -24,7 +24,7 @@ from fastload._engine._messages import OK, Reply, TaskMessage
 from fastload._engine._sizing import plan_layout
 from fastload._engine._slots import REPLY, TASK, UNKNOWN, SlotBatch, SlotTask
 from fastload._engine._transport import is_pickle
-from fastload._protocols import Built, OneCallBuilder, TooLarge
+from fastload._protocols import Built, CheckedMapReader, OneCallBuilder, TooLarge
 from fastload._types import Counts, Spans
 
 #: The reply header's StorageCounts for a local dataset (``_slots.REPLY``).
@@ -96,7 +96,8 @@ class SlotBuilder:
             offer = getattr(self.collate, "one_call_builder", None)
             self._one_call = offer(self.dataset) if offer is not None else None
             # A one-call build reads the dataset's memory map without calling the dataset.
-            self._check_mapped = getattr(self.dataset, "check_mapped", None)
+            if isinstance(self.dataset, CheckedMapReader):
+                self._check_mapped = self.dataset.check_mapped
         return self._one_call is not None
 
     def build(self, task: SlotTask) -> SlotBatch | TooLarge:
