@@ -19,6 +19,7 @@ from torch.utils.data import IterableDataset
 from fastload._protocols import (
     AdvisesReads,
     BoundedCollate,
+    CheckedMapReader,
     CountsStorage,
     MapsRagged,
     OneCallCollate,
@@ -52,6 +53,9 @@ class DatasetCapabilities:
     reads_in_place: bool = False
     #: ``mapped_ragged()``, with ``reads_in_place``: a one-call build may gather from the map.
     mapped_ragged: bool = False
+    #: ``check_mapped()``: whether a file it has memory-mapped has shrunk since (a one-call
+    #: build reads the map without calling the dataset, so the engine asks first).
+    check_mapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +132,7 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
         and _flag(dataset, "process_independent_reads"),
         reads_in_place=in_place,
         mapped_ragged=in_place and isinstance(dataset, MapsRagged) and callable(dataset.mapped_ragged),
+        check_mapped=isinstance(dataset, CheckedMapReader) and callable(dataset.check_mapped),
     )
 
 

@@ -23,6 +23,9 @@ Reader capabilities
 * ``mapped_ragged()`` (:class:`MappedReader`) — for a dataset of one ragged field whose values
   and int64 offsets lie in a memory map: ``(field, values, offsets)``, else ``None``. With it a
   collate may build a batch in one native call (:meth:`SlotCollate.one_call_builder`).
+* ``check_mapped()`` — raise an error when a file the dataset reads through a memory map has
+  shrunk since it was mapped (a truncated file: reading the map would kill the process with
+  SIGBUS). The engine calls it before each one-call build, which reads the map directly.
 * ``willneed(indices)`` — tell the kernel that the samples ``indices`` will be read soon
   (returns the bytes advised). With ``DataLoader(readahead=True)`` each worker calls it for the
   tasks queued behind the one it builds; an error it raises is ignored (the read reports it).
@@ -99,6 +102,14 @@ class MappedReader(BatchReader, Protocol):
     """A reader of one ragged field held whole in a memory map (see the module text)."""
 
     def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None: ...
+
+
+@runtime_checkable
+class CheckedMapReader(Protocol):
+    """A reader that can tell when a file it has memory-mapped has shrunk (see the module
+    text): the engine asks before each one-call build, which reads the map directly."""
+
+    def check_mapped(self) -> None: ...
 
 
 class PreparedBatch(Protocol):
@@ -268,6 +279,7 @@ __all__ = [
     "BatchReader",
     "BoundedCollate",
     "Built",
+    "CheckedMapReader",
     "CountsStorage",
     "InPlaceReader",
     "Layout",

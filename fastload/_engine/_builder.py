@@ -61,6 +61,7 @@ class SlotBuilder:
         self._read: Any = None  # looked up on the first build, in the process that builds
         self._one_call: OneCallBuilder | None = None
         self._one_call_tried = False  # decided once, at the first build (or one_call())
+        self._check_mapped: Callable[[], None] | None = None
 
     def task_message(self, data: bytes) -> Any:
         """A message from the main process: a :class:`TaskMessage` of a :class:`SlotTask`, or
@@ -103,6 +104,9 @@ class SlotBuilder:
             self._one_call_tried = True
             offer = self.capabilities.collate.one_call_builder
             self._one_call = self.collate.one_call_builder(self.dataset) if offer else None
+            # A one-call build reads the dataset's memory map without calling the dataset.
+            if self.capabilities.dataset.check_mapped:
+                self._check_mapped = self.dataset.check_mapped
         return self._one_call is not None
 
     def build(self, task: SlotTask) -> SlotBatch | TooLarge:
@@ -110,6 +114,8 @@ class SlotBuilder:
         try:
             if self.one_call():
                 assert self._one_call is not None
+                if self._check_mapped is not None:
+                    self._check_mapped()  # a truncated file: an error, not SIGBUS
                 built = self._one_call.build_into(task.raw, self._slots.segment(slot), slot.offset, slot.capacity)
                 if isinstance(built, Built):
                     self.last_read_s = self._one_call.last_s  # all of it reads from the map

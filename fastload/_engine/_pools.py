@@ -4,6 +4,7 @@ implements with processes and the unit tests with a fake that runs none
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,8 +25,19 @@ class WorkerDied:
     def describe(self) -> str:
         code = self.exitcode
         if code is not None and code < 0:
-            return f"pid {self.pid} killed by signal {-code}"
+            try:
+                name = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                name = ""
+            hint = _SIGNAL_HINTS.get(-code, "")
+            return f"pid {self.pid} killed by signal {-code}{name}{hint}"
         return f"pid {self.pid} exited with code {code}"
+
+
+#: What a worker's death by a signal most often means, for its message.
+_SIGNAL_HINTS: dict[int, str] = {
+    int(signal.SIGBUS): ": a memory-mapped file it read was truncated or rewritten while being read",
+}
 
 
 class Pool(Protocol):

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from fastload._formats._arrow_check import check_batch
 from fastload._formats._arrow_convert import (
     NullFill,
     check_fill,
@@ -20,6 +21,7 @@ from fastload._formats._arrow_schema import ArrowField, field_array
 from fastload._formats._arrow_source import Segments, open_segments
 from fastload._formats._cache import BlockCache
 from fastload._formats._columns import group_positions, inverse_permutation, permute_column
+from fastload._formats._mmap import SizeWatch
 from fastload._formats._readahead import ByteRanges
 from fastload._types import Column
 
@@ -48,6 +50,11 @@ class ArrowShard:
         self._cache = cache
         self._columns = sorted({spec.path[0] for spec in fields.values()})
         self._segments: Segments = open_segments(path)
+        try:
+            self._size = SizeWatch(path)
+        except BaseException:
+            self._segments.close()
+            raise
         self._starts = np.concatenate([[0], np.cumsum(self._segments.rows)])[:-1].astype(np.int64)
         self._mapped: dict[str, MappedColumn] = {}
         file = self._segments.mapped_file
@@ -62,6 +69,8 @@ class ArrowShard:
                 return views[dtype]
 
             batches = self._segments.kept()
+            for s, batch in enumerate(batches):
+                self._check(s, batch)
             for name, spec in fields.items():
                 arrays = [field_array(b, spec.path) for b in batches]
                 mapped = build_mapped(spec, arrays, self._starts, file, view_of)
@@ -98,14 +107,29 @@ class ArrowShard:
         spec = self._fields[field]
         parts = []
         for s in range(len(self._starts)):
-            array = field_array(self._segments.decode(s, [spec.path[0]]), spec.path)
+            batch = self._segments.decode(s, [spec.path[0]])
+            if self._segments.mapped_file is None:
+                self._check(s, batch, {field: spec})
+            array = field_array(batch, spec.path)
             rows = np.arange(len(array), dtype=np.int64) + self._starts[s] + self._first_sample
             parts.append(list_lengths(array, spec, self._null_fill, rows, self._path))
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` when the file shrank since pyarrow mapped it."""
+        self._size.check()
+
     def close(self) -> None:
         self._mapped = {}
         self._segments.close()
+        self._size.close()
+
+    def _check(
+        self, segment: int, batch: pa.RecordBatch, fields: dict[str, ArrowField] | None = None
+    ) -> None:
+        """Check a record batch once, as it is decoded in this process (``_arrow_check``)."""
+        first = self._first_sample + int(self._starts[segment])
+        check_batch(batch, self._fields if fields is None else fields, first, self._path)
 
     def _segment(self, segment: int) -> pa.RecordBatch:
         if self._segments.mapped_file is not None:
@@ -114,6 +138,7 @@ class ArrowShard:
         batch = self._cache.get(key)
         if batch is None:
             batch = self._segments.decode(segment, self._columns)
+            self._check(segment, batch)
             self._cache.put(key, batch, batch.nbytes)
         return batch
 

@@ -206,6 +206,20 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         found = mapped(name) if mapped is not None else None
         return None if found is None else (name, *found)
 
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` naming the file, the size it had when this process
+        mapped it and its size now, when a file this process reads through a memory map has
+        shrunk since (a read of the map past its new end would kill the process with SIGBUS
+        instead). One ``fstat`` per shard open in this process; every read checks the shards it
+        reads, and a one-call build (``fastload._protocols``) calls this first."""
+        process = self._process
+        if process is None or process.pid != os.getpid():
+            return
+        for reader in process.readers:
+            check = getattr(reader, "check_mapped", None)  # optional (ShardReader)
+            if check is not None:
+                check()
+
     def willneed(self, indices: npt.ArrayLike) -> int:
         """Tell the kernel that the samples ``indices`` (any order, duplicates and negative
         indices allowed) will be read soon: ``posix_fadvise(WILLNEED)`` on the byte ranges
@@ -323,6 +337,9 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         in_place: bool = False,
     ) -> Column:
         def read(reader: ShardReader) -> Column:
+            check = getattr(reader, "check_mapped", None)  # optional (ShardReader)
+            if check is not None:
+                check()
             if in_place:
                 return cast(Column, getattr(reader, "read_in_place", reader.read)(name, local))
             return reader.read(name, local)

@@ -20,9 +20,11 @@ from fastload._formats._hdf5_layout import (
     select,
 )
 from fastload._formats._hdf5_shard import (
+    H5_ERRORS,
     H5Shard,
     MappedShard,
     ShardPlacement,
+    damaged_h5,
     file_identity,
     open_h5,
 )
@@ -88,7 +90,7 @@ class HDF5Dataset(ShardedDataset):
     """
 
     # UnicodeDecodeError: a string dataset tagged UTF-8 holding other bytes.
-    _read_errors: ClassVar[tuple[type[BaseException], ...]] = (OSError, UnicodeDecodeError)
+    _read_errors: ClassVar[tuple[type[BaseException], ...]] = (*H5_ERRORS, UnicodeDecodeError)
     #: Every read is a function of the files and options alone (``fastload._protocols``).
     process_independent_reads = True
 
@@ -135,7 +137,8 @@ class HDF5Dataset(ShardedDataset):
         length_parts: list[npt.NDArray[np.int64]] = []
         placements: list[ShardPlacement | None] = []
         for shard, (file, found) in enumerate(zip(files, contents, strict=True)):
-            indexed, checked, placement = validate_shard(file, shard, found, shard_specs[shard])
+            with damaged_h5(file):
+                indexed, checked, placement = validate_shard(file, shard, found, shard_specs[shard])
             placements.append(placement)
             if shard == 0 and chosen is None:
                 # The field /lengths describes is the file's primary one; else the first ragged.
@@ -159,8 +162,9 @@ class HDF5Dataset(ShardedDataset):
         if placement is not None and _unchanged(path, placement):
             # Every field lies in the map where this dataset found it: no HDF5 at all.
             return MappedShard(path, specs, placement)
-        reader = H5Shard(path, shard, specs, cache)
-        reader.release_unused_file()
+        with damaged_h5(path):
+            reader = H5Shard(path, shard, specs, cache)
+            reader.release_unused_file()
         return reader
 
     def _reader_for_hints(self, shard: int) -> ShardReader | None:
@@ -181,11 +185,12 @@ class HDF5Dataset(ShardedDataset):
         path = self._remote_local_path(shard)
         contents, specs, sizes = _describe_shards([path], self._requested)
         check_as_indexed(self._files[shard], _described(specs[0]), sizes[0], self)
-        _, _, placement = validate_shard(path, shard, contents[0], specs[0])
-        if placement is not None:
-            return MappedShard(path, specs[0], placement)
-        reader = H5Shard(path, shard, specs[0], cache)
-        reader.release_unused_file()
+        with damaged_h5(path):
+            _, _, placement = validate_shard(path, shard, contents[0], specs[0])
+            if placement is not None:
+                return MappedShard(path, specs[0], placement)
+            reader = H5Shard(path, shard, specs[0], cache)
+            reader.release_unused_file()
         return reader
 
 
@@ -208,7 +213,7 @@ def _describe_shards(
     shard_specs: list[dict[str, H5Field]] = []
     sizes: list[int] = []
     for file in files:
-        with open_h5(file) as handle:
+        with open_h5(file) as handle, damaged_h5(file):
             found = scan(handle, file)
         selected = select(found, requested, file)
         if not selected:

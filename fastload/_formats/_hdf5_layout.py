@@ -139,12 +139,26 @@ def _walk(
     group: h5py.Group, prefix: str, fields: dict[str, H5Field], problems: dict[str, str]
 ) -> None:
     for key in group:
+        if isinstance(key, bytes):  # h5py's name for a link whose name is not UTF-8
+            problems[prefix + key.decode(errors="backslashreplace")] = (
+                "has a link name that is not UTF-8; the file is damaged"
+            )
+            continue
         name = prefix + key
         link = group.get(key, getlink=True)
         if isinstance(link, h5py.ExternalLink):
             problems[name] = f"is an external link to {link.filename}:{link.path}, not supported"
             continue
-        obj = group.get(key)
+        if isinstance(link, h5py.SoftLink):
+            obj = group.get(key)  # None for a link to nothing, which is no field
+        else:
+            try:
+                # Not group.get(key): it answers None for an object HDF5 cannot open, which
+                # would drop a damaged field without a word.
+                obj = group[key]
+            except (KeyError, RuntimeError, ValueError, OSError) as exc:
+                problems[name] = f"cannot be opened, the file is damaged ({exc})"
+                continue
         if isinstance(obj, h5py.Group):
             if "values" in obj and "offsets" in obj:
                 _classify_ragged_group(obj, name, fields, problems)
@@ -202,3 +216,4 @@ def _classify_dataset(
         fields[name] = H5Field(field, "array", dset.name, dset.shape[0])
     else:
         problems[name] = f"has dtype {dset.dtype}, which is not supported; {_SUPPORTED}"
+

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,28 @@ from fastload._formats._readahead import ByteRanges
 from fastload._formats._sniff import describe, sniff
 from fastload._formats._validate import lengths_from_offsets
 from fastload._types import Column
-from fastload.errors import DataFormatError
+from fastload.errors import DataFormatError, FastloadError
+
+#: What h5py raises where HDF5's checks of a file's metadata fail: its error stack is mapped
+#: onto these builtins (``RuntimeError`` for a failed link iteration, ``KeyError`` for an
+#: object that cannot be opened, ``ValueError`` for a bad datatype or dataspace).
+H5_ERRORS: tuple[type[BaseException], ...] = (OSError, RuntimeError, KeyError, ValueError)
+
+
+@contextmanager
+def damaged_h5(path: str) -> Iterator[None]:
+    """Re-raise what h5py raises for damaged metadata while the block runs as a
+    :class:`DataFormatError` naming ``path`` (fastload's own errors, and a file that is gone,
+    pass unchanged)."""
+    try:
+        yield
+    except (FastloadError, FileNotFoundError):
+        raise
+    except H5_ERRORS as exc:
+        raise DataFormatError(
+            f"{path}: its HDF5 metadata is damaged ({type(exc).__name__}: {exc}); the file"
+            " cannot be read as it is: write it again"
+        ) from exc
 
 
 def open_h5(path: str) -> h5py.File:
@@ -125,6 +148,10 @@ class MappedShard(_ColumnReads):
     def release_unused_file(self) -> None:
         """Nothing to release: no HDF5 file is open."""
 
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` when the file shrank since it was mapped."""
+        self._map.check_size()
+
     def close(self) -> None:
         self._map.close()
 
@@ -180,6 +207,10 @@ class H5Shard(_ColumnReads):
                 " expected int64 [N]"
             )
         return np.asarray(dset[...])
+
+    def check_mapped(self) -> None:
+        """Raise :class:`DataFormatError` when the file shrank since it was mapped."""
+        self._map.check_size()
 
     def close(self) -> None:
         self._map.close()

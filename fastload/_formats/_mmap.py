@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,14 @@ class FileMap:
         array.flags.writeable = False
         return array
 
+    def check_size(self) -> None:
+        """Raise :class:`DataFormatError` when the file is now shorter than the map: a read of
+        the map past its new end would kill the process with SIGBUS (one ``fstat``, ~1 µs)."""
+        if self._map is not None:
+            actual = self._map.size()  # fstat of the descriptor the map holds
+            if actual < self._size:
+                raise truncated_error(self._path, self._size, actual)
+
     def whole(self) -> np.ndarray:
         """The whole file as a read-only uint8 array."""
         return np.frombuffer(self._ensure_open(), np.uint8)
@@ -76,3 +85,34 @@ class FileMap:
                 # The map holds its own reference to the file; the descriptor can close now.
                 self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return self._map
+
+
+class SizeWatch:
+    """The size of a file that another library memory-maps, and a check that it has not shrunk
+    since (through a descriptor held for it: one ``fstat``, ~2 µs)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = fd
+        self._close = weakref.finalize(self, os.close, fd)
+        self._size = os.fstat(fd).st_size
+
+    def check(self) -> None:
+        """Raise :class:`DataFormatError` when the file is now shorter than when watched."""
+        if self._close.alive:
+            actual = os.fstat(self._fd).st_size
+            if actual < self._size:
+                raise truncated_error(self._path, self._size, actual)
+
+    def close(self) -> None:
+        self._close()
+
+
+def truncated_error(path: str, mapped: int, actual: int) -> DataFormatError:
+    """The error for a file shorter than when this process mapped it."""
+    return DataFormatError(
+        f"{path}: the file has {actual} bytes, but had {mapped} when this process mapped it:"
+        " it was truncated or rewritten while being read (reading on would kill the process"
+        " with SIGBUS); restore the file, or create the dataset again once it is complete"
+    )

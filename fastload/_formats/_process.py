@@ -24,6 +24,10 @@ class ShardReader(Protocol):
     lengths) | None``, the byte ranges of the file read by :meth:`ShardedDataset._read_path`
     that hold the payload of ``rows`` of ``field`` (int64 arrays, any order), or ``None``
     where the reader does not know them. A reader without it gets no readahead hints.
+
+    Optional: ``check_mapped()``, raising :class:`~fastload.errors.DataFormatError` when a file
+    the reader reads through a memory map is shorter than when it was mapped (reading the map
+    past the new end would kill the process with SIGBUS); called before every read.
     """
 
     def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:

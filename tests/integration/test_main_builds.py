@@ -140,6 +140,29 @@ def test_a_worker_killed_while_the_main_process_builds_loses_nothing(h5: Path) -
     _same(list(loader), want)
 
 
+@pytest.mark.parametrize("fields", [["tokens"], ["tokens", "label"]], ids=["one-call", "general"])
+def test_a_worker_killed_while_the_main_process_builds_is_replaced_within_a_few_batches(h5: Path, fields: list[str], driver: str) -> None:
+    plan = _plan(size=4)
+    loader, want, pids = _after_an_epoch(h5, plan, fields)
+    # At most every task in flight is queued ahead of a poll: prefetch_factor (2) x 2 workers.
+    bound = 2 * len(pids) + 1
+    with _stopped(pids):  # the main process builds every batch of this epoch
+        it = iter(loader)
+        got = [next(it) for _ in range(3)]
+        os.kill(pids[0], signal.SIGKILL)
+        assert wait_until(lambda: not alive(pids[0]))
+        for _ in range(bound):
+            got.append(next(it))
+            if pids[0] not in loader._iterator.worker_pids:
+                break
+        listed = loader._iterator.worker_pids
+        assert pids[0] not in listed, f"{bound} batches after its death, worker {pids[0]} is still listed"
+        assert len(listed) == 2 and all(alive(pid) for pid in listed if pid != pids[1])
+        got.extend(it)
+    _same(got, want)
+    _same(list(loader), want)
+
+
 def test_a_batch_the_main_process_cannot_build_is_left_to_a_worker_and_fails_there(h5: Path) -> None:
     plan = _plan()[:6]
     plan[2] = [3, N + 5, 7]  # out of range: the one-call build refuses it
