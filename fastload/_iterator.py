@@ -40,6 +40,7 @@ from fastload._engine import (
 )
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
 from fastload._options import LoaderOptions
+from fastload._resume import EpochProgress
 from fastload._shard_traffic import ShardTraffic
 from fastload._types import Counts
 
@@ -93,7 +94,7 @@ class _BaseIterator(abc.ABC):
         self._base_seed = int(
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
-        self._num_yielded = 0
+        self.progress = EpochProgress()  # the loader keeps it: it outlives this iterator
         self._owner_pid = os.getpid()
         self._start_shard_prefetch()
         self._logged_at = time.monotonic()
@@ -134,12 +135,17 @@ class _BaseIterator(abc.ABC):
             if isinstance(exc, StopIteration):
                 self._end_epoch()
             raise
-        self._num_yielded += 1
+        self.progress.delivered += 1
         if self._extras:
             self._after_batch()
         entry = self._meter.record(started, *counts)
         entry[0] = _clock()  # after record(): Python evaluates the right-hand side first
         return data
+
+    @property
+    def _num_yielded(self) -> int:
+        """Batches handed to the consumer this epoch (torch's name)."""
+        return self.progress.delivered
 
     def _after_batch(self) -> None:
         """What some loaders do as a batch is handed out: the progress bar, the logged stats,
@@ -206,6 +212,7 @@ class _BaseIterator(abc.ABC):
         self._shards.feed()
 
     def _end_epoch(self) -> None:
+        self.progress.finished = True
         self._stop_shard_prefetch()
         if self._bar is not None:
             self._bar.close()
@@ -239,7 +246,7 @@ class _BaseIterator(abc.ABC):
         """A new epoch on the same iterator (called by ``DataLoader.__iter__`` for persistent
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
-        self._num_yielded = 0
+        self.progress = EpochProgress()
         self._start_shard_prefetch()
         self._on_device = None
         self._epoch_ended = False

@@ -12,6 +12,7 @@ import torch.utils.data
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
+from fastload._resume import EpochProgress
 from fastload._sampling._torch_resume import resumable_torch_sampler
 from fastload.errors import RebuiltLoaderWarning
 
@@ -169,9 +170,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._final_workers = 0
         self._epoch = 0
         self._loaded = False  # load_state_dict's position stands until set_epoch names an epoch
-        # The sampler's epoch when the last iterator began counting delivered batches (None
-        # after set_epoch or load_state_dict): its count is only of that epoch.
-        self._counted_epoch: int | None = None
+        # What the consumer received of the latest iteration (None after set_epoch or
+        # load_state_dict); held here because a loop's `break` drops the iterator.
+        self._progress: EpochProgress | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
@@ -312,10 +313,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._begin_epoch()
         self._iterating = True
         try:
-            it = super().__iter__()
+            it = cast("InProcessIterator | WorkerIterator", super().__iter__())
         finally:
             self._iterating = False
-        self._counted_epoch = self._sampler_epoch()
+        self._progress = it.progress
+        self._progress.epoch = self._sampler_epoch()
         return it
 
     # -- statistics ---------------------------------------------------------------------------
@@ -355,7 +357,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         beginning. The sampler's own ``set_epoch`` is called too (a ``DistributedSampler``'s
         included)."""
         self._epoch = int(epoch)
-        self._loaded, self._counted_epoch = False, None
+        self._loaded, self._progress = False, None
         sampler = self._resumable()
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
@@ -374,23 +376,46 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: batches the consumer received count as consumed;
-        batches prefetched by workers but not yet received do not. Right after
-        :meth:`load_state_dict` it is the loaded position. JSON-able."""
+        batches prefetched by workers but not yet received do not. It may be taken while
+        iterating or after the loop was left (``break``); after a loop that ran to the end of
+        its epoch, loading it starts the next epoch. Right after :meth:`load_state_dict` it is
+        the loaded position. JSON-able."""
         sampler = self._resumable_for("state_dict()")
-        it = self._last_iterator()
-        counting = self._counted_epoch is not None and self._counted_epoch == self._sampler_epoch()
-        consumed = it._num_yielded if it is not None and counting else 0
-        return {"sampler": sampler.state_dict(batches_consumed=consumed)}
+        progress = self._progress
+        if progress is None or progress.epoch != self._sampler_epoch():
+            progress = EpochProgress()  # nothing received of the sampler's current epoch
+        state: dict[str, Any] = {"sampler": sampler.state_dict(batches_consumed=progress.delivered)}
+        if progress.finished:
+            state["epoch_finished"] = True
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` continues the saved epoch with exactly the batches an
-        uninterrupted run would have produced, also after ``set_epoch`` with the saved epoch.
-        The state is loaded into the sampler at once, so a state saved with other settings
-        raises ``ValueError`` here, and ``len(loader)`` counts the batches left."""
+        uninterrupted run would have produced, also after ``set_epoch`` with the saved epoch;
+        a state saved after its epoch ended starts the next epoch. The state is loaded into the
+        sampler at once, so a state saved with other settings raises ``ValueError`` here, and
+        ``len(loader)`` counts the batches left."""
         sampler = self._resumable_for("load_state_dict()")
         sampler.load_state_dict(dict(state["sampler"]))
         self._epoch = getattr(sampler, "epoch", self._epoch)
-        self._loaded, self._counted_epoch = True, None
+        self._loaded, self._progress = True, None
+        if state.get("epoch_finished", False):
+            self._finish_loaded_epoch()
+
+    def _finish_loaded_epoch(self) -> None:
+        """The loaded epoch had ended: run its (empty) rest now, so that the sampler stands
+        where the uninterrupted run's stood after its loop (a generator has made the epoch's
+        draws), and the next ``iter()`` starts the following epoch."""
+        progress = EpochProgress(self._sampler_epoch())
+        self._iterating = True
+        try:
+            for _ in self._index_sampler:
+                progress.delivered += 1  # none, unless the sampler was given another length
+        finally:
+            self._iterating = False
+        progress.finished = True
+        self._loaded, self._progress = False, progress
+        self._epoch = progress.epoch + 1
 
     def _resumable(self) -> Any | None:
         """The index sampler that saves and loads positions, if there is one."""
