@@ -198,9 +198,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             )
         if options.pack_length is None and (length_grouped or max_tokens is not None):
             batch_sampler = _length_grouped_sampler(
-                dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, options
+                dataset,
+                batch_size,
+                shuffle,
+                sampler,
+                batch_sampler,
+                drop_last,
+                max_tokens,
+                options,
+                _collate_rounding(collate_fn) if max_tokens is not None else 1,
             )
             batch_size, shuffle, drop_last = 1, None, False
+        _check_rounding(batch_sampler, collate_fn)
         super().__init__(
             dataset,
             batch_size,
@@ -584,6 +593,7 @@ def _length_grouped_sampler(
     drop_last: bool,
     max_tokens: int | None,
     options: LoaderOptions,
+    rounding: int,
 ) -> Any:
     from fastload._sampling import LengthGroupedBatchSampler
 
@@ -598,5 +608,42 @@ def _length_grouped_sampler(
         shuffle=True if shuffle is None else bool(shuffle),
         seed=options.seed,
         drop_last=drop_last,
+        pad_to_multiple_of=rounding if max_tokens is not None and rounding > 1 else None,
         **_shard_window(dataset, options),
     )
+
+
+def _collate_rounding(collate: Any) -> int:
+    """The multiple the collate rounds padded lengths up to (``RoundingCollate``), 1 for none:
+    what a ``max_tokens`` plan must count, so that the budget holds for the shape built."""
+    from fastload._protocols import RoundingCollate
+
+    if not isinstance(collate, RoundingCollate):
+        return 1
+    multiple = collate.pad_to_multiple_of
+    if multiple is None:
+        return 1
+    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+        raise TypeError(
+            f"collate_fn {type(collate).__name__}.pad_to_multiple_of must be a positive int or "
+            f"None (the multiple it rounds padded lengths up to); got {multiple!r}"
+        )
+    return multiple
+
+
+def _check_rounding(batch_sampler: Any, collate: Any) -> None:
+    """A length-grouped ``batch_sampler`` with a budget must plan for padded lengths at least
+    as coarse as the collate's, or its batches would exceed ``max_tokens``."""
+    from fastload._sampling import LengthGroupedBatchSampler
+
+    if not isinstance(batch_sampler, LengthGroupedBatchSampler) or batch_sampler.max_tokens is None:
+        return
+    rounding = _collate_rounding(collate)
+    planned = batch_sampler.pad_to_multiple_of or 1
+    if planned % rounding:
+        raise ValueError(
+            f"the batch_sampler plans max_tokens={batch_sampler.max_tokens} for lengths padded "
+            f"to a multiple of {planned}, but collate_fn pads to pad_to_multiple_of={rounding}: "
+            f"its batches would exceed the budget; build the sampler with "
+            f"pad_to_multiple_of={rounding}"
+        )

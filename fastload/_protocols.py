@@ -153,6 +153,17 @@ class SlotCollate(Protocol):
     def collate_into(self, batch: Mapping[str, Any], out: Mapping[str, np.ndarray]) -> None: ...
 
 
+@runtime_checkable
+class RoundingCollate(Protocol):
+    """A collate that pads each batch's ragged fields to the batch's longest row rounded up to
+    a multiple. The loader passes the multiple to a ``max_tokens`` plan, which then counts
+    ``rows * round_up(longest, multiple)`` against the budget: the shape the collate builds.
+    ``None`` or 1 means no rounding (Hugging Face's padding collators name it the same way)."""
+
+    @property
+    def pad_to_multiple_of(self) -> int | None: ...
+
+
 __all__ = [
     "ALIGN",
     "BatchReader",
@@ -162,6 +173,7 @@ __all__ = [
     "MappedReader",
     "OneCallBuilder",
     "PreparedBatch",
+    "RoundingCollate",
     "SlotCollate",
     "TooLarge",
 ]
