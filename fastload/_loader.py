@@ -13,6 +13,7 @@ from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
 from fastload._resume import EpochProgress
+from fastload._sampling._stateful import keeps_own_position, stateful_sampler
 from fastload._sampling._torch_resume import resumable_torch_sampler
 from fastload.errors import RebuiltLoaderWarning
 
@@ -229,8 +230,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        # torch's own samplers resume through a stand-in that yields exactly their items.
-        self._torch_resume = resumable_torch_sampler(super()._index_sampler)
+        # torch's own samplers, and samplers that keep their own position (torchdata's
+        # convention), resume through a stand-in that yields exactly their items.
+        index_sampler = super()._index_sampler
+        self._torch_resume = resumable_torch_sampler(index_sampler) or stateful_sampler(index_sampler)
         self._iterating = False  # True while __iter__ starts this loader's own iteration
         planned: Any = self.batch_sampler
         if _planned(planned):
@@ -389,6 +392,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         iterating or after the loop was left (``break``); after a loop that ran to the end of
         its epoch, loading it starts the next epoch. Right after :meth:`load_state_dict` it is
         the loaded position. JSON-able."""
+        if self._own_position_dataset():
+            return {"dataset": cast(Any, self.dataset).state_dict()}
         sampler = self._resumable_for("state_dict()")
         progress = self._progress
         if progress is None or progress.epoch != self._sampler_epoch():
@@ -404,6 +409,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         a state saved after its epoch ended starts the next epoch. The state is loaded into the
         sampler at once, so a state saved with other settings raises ``ValueError`` here, and
         ``len(loader)`` counts the batches left."""
+        if self._own_position_dataset():
+            cast(Any, self.dataset).load_state_dict(state["dataset"])
+            return
         sampler = self._resumable_for("load_state_dict()")
         sampler.load_state_dict(dict(state["sampler"]))
         self._epoch = getattr(sampler, "epoch", self._epoch)
@@ -425,6 +433,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         progress.finished = True
         self._loaded, self._progress = False, progress
         self._epoch = progress.epoch + 1
+
+    def _own_position_dataset(self) -> bool:
+        """Whether the dataset is an ``IterableDataset`` that keeps its own position (torchdata's
+        ``state_dict()``/``load_state_dict()``): then the loader saves and loads its state."""
+        if not isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return False
+        if not keeps_own_position(self.dataset):
+            return False
+        if self.num_workers > 0:
+            raise TypeError(
+                f"state_dict()/load_state_dict() of {type(self.dataset).__name__} (an "
+                "IterableDataset with its own state) need num_workers=0: each worker iterates "
+                "a replica of its own, whose state the main process does not hold"
+            )
+        return True
 
     def _resumable(self) -> Any | None:
         """The index sampler that saves and loads positions, if there is one."""
@@ -448,7 +471,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise TypeError(
                 f"{action} cannot resume a loader over an IterableDataset "
                 f"({type(self.dataset).__name__}): no sampler decides its order, so its position "
-                "must be kept by the dataset itself"
+                "must be kept by the dataset itself: give it state_dict() and "
+                "load_state_dict(state) (torchdata's convention)"
             )
         used: Any = self._index_sampler
         inner = used.sampler if type(used) is torch.utils.data.BatchSampler else None

@@ -104,3 +104,98 @@ def test_a_state_saved_at_the_end_of_an_epoch_starts_the_next(h5: Path, num_work
     resumed.load_state_dict(state)
     assert resumed.state_dict() == state
     assert [_ids(b) for b in resumed] == epoch1
+
+
+class OwnPositionSampler(torch.utils.data.Sampler[int]):
+    """A sampler that keeps its own position, in torchdata's convention: a seeded permutation
+    per epoch, ``state_dict()`` the epoch and the items its iterator yielded; loading a state
+    makes the next ``iter()`` continue there. It moves to its next epoch when an iteration
+    runs out, so a loader that draws ahead leaves it past what the consumer received."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+        self.epoch, self.yielded, self._resume_at = 0, 0, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        start, self._resume_at = self._resume_at, 0
+        self.yielded = start
+        return self._items(order, start)
+
+    def _items(self, order: list[int], start: int) -> Any:
+        for i in order[start:]:
+            self.yielded += 1
+            yield i
+        self.epoch, self.yielded = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._resume_at = state["epoch"], state["yielded"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [0, 1, 5, 11, 12, None], ids=lambda k: "end" if k is None else f"k{k}")
+def test_a_sampler_with_its_own_state_resumes_through_it(num_workers: int, k: int | None) -> None:
+    def make() -> fastload.DataLoader:
+        return fastload.DataLoader(Numbers(), batch_size=8, sampler=OwnPositionSampler(N, 4), num_workers=num_workers)
+
+    reference = make()
+    uninterrupted = [_ids(b) for _ in range(3) for b in reference]
+    taken, state = _checkpoint_at(make(), k)
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = taken + [_ids(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
+    assert len(got) >= 2 * 12
+
+
+class OwnPositionStream(torch.utils.data.IterableDataset[dict[str, Any]]):
+    """An iterable dataset that keeps its own position (torchdata's convention): the numbers
+    ``0..n-1`` in a seeded order per pass, ``state_dict()`` the pass and the items yielded."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.passes, self.yielded, self._resume_at = 0, 0, 0
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.passes)).tolist()
+        start, self._resume_at = self._resume_at, 0
+        self.yielded = start
+        for i in order[start:]:
+            self.yielded += 1
+            yield {"idx": torch.tensor(i)}
+        self.passes, self.yielded = self.passes + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"passes": self.passes, "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.passes, self._resume_at = state["passes"], state["yielded"]
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 11], ids=lambda k: f"k{k}")
+def test_an_iterable_dataset_with_its_own_state_resumes_through_it(k: int) -> None:
+    def make() -> fastload.DataLoader:
+        return fastload.DataLoader(OwnPositionStream(N), batch_size=8)
+
+    reference = make()
+    uninterrupted = [_ids(b) for _ in range(3) for b in reference]
+    taken, state = _checkpoint_at(make(), k)
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = taken + [_ids(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
+
+
+def test_an_iterable_dataset_without_state_keeps_the_clear_error() -> None:
+    class Plain(torch.utils.data.IterableDataset[int]):
+        def __iter__(self) -> Any:
+            return iter(range(4))
+
+    with pytest.raises(TypeError, match=r"IterableDataset.*give it state_dict"):
+        fastload.DataLoader(Plain()).state_dict()
