@@ -19,6 +19,7 @@ import os
 import time
 import warnings
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,7 +41,7 @@ from fastload._engine import (
 )
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
 from fastload._options import LoaderOptions
-from fastload._resume import EpochProgress
+from fastload._resume import EpochProgress, SkipPositions
 from fastload._shard_traffic import ShardTraffic
 from fastload._types import Counts
 
@@ -95,6 +96,9 @@ class _BaseIterator(abc.ABC):
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
         )
         self.progress = EpochProgress()  # the loader keeps it: it outlives this iterator
+        # Out of order: the sampler positions of the batches next() is about to hand out, for
+        # the progress (see fastload/_resume.py); None in order.
+        self._positions: deque[int] | None = None if loader.in_order or loader.num_workers == 0 else deque()
         self._owner_pid = os.getpid()
         self._start_shard_prefetch()
         self._logged_at = time.monotonic()
@@ -134,8 +138,12 @@ class _BaseIterator(abc.ABC):
             self._meter.begin_wait(started)  # a wait that delivered nothing: dropped
             if isinstance(exc, StopIteration):
                 self._end_epoch()
+            elif self._positions:  # a batch that failed: received, as an exception
+                self.progress.mark(self._positions.popleft())
             raise
         self.progress.delivered += 1
+        if self._positions is not None:
+            self.progress.mark(self._positions.popleft())
         if self._extras:
             self._after_batch()
         entry = self._meter.record(started, *counts)
@@ -247,6 +255,8 @@ class _BaseIterator(abc.ABC):
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
         self.progress = EpochProgress()
+        if self._positions is not None:
+            self._positions.clear()
         self._start_shard_prefetch()
         self._on_device = None
         self._epoch_ended = False
@@ -334,16 +344,24 @@ class WorkerIterator(_BaseIterator):
         if runner is None:
             raise StopIteration  # shut down after an error or at the end of the epoch
         try:
-            kind, value, counts = runner.get()
+            kind, value, counts, seq = runner.get()
         except BaseException:
             if runner.closed:  # the runner ended the epoch: keep its last figures
                 self._shutdown()
             raise
+        if self._positions is not None and seq >= 0:
+            self._positions.append(self._position_of(seq))
         if kind is not OK:
             return self._not_a_batch(runner, kind, value)
         if self._host_extras:
             return self._host_extras_for(runner, value, counts)
         return value, counts or batch_counts(value)
+
+    def _position_of(self, seq: int) -> int:
+        """The position in the sampler's order of the iteration's ``seq``-th batch (a resumed
+        iteration out of order skips the positions received before the checkpoint)."""
+        sampler = self._index_sampler
+        return sampler.position_of(seq) if isinstance(sampler, SkipPositions) else seq
 
     def _not_a_batch(self, runner: Runner, kind: Kind, value: Any) -> tuple[Any, Counts]:
         if kind is DONE:

@@ -12,7 +12,7 @@ import torch.utils.data
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
-from fastload._resume import EpochProgress
+from fastload._resume import EpochProgress, SkipPositions
 from fastload._sampling._stateful import keeps_own_position, stateful_sampler
 from fastload._sampling._torch_resume import resumable_torch_sampler
 from fastload.errors import RebuiltLoaderWarning
@@ -174,6 +174,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # What the consumer received of the latest iteration (None after set_epoch or
         # load_state_dict); held here because a loop's `break` drops the iterator.
         self._progress: EpochProgress | None = None
+        # Out of order: (epoch, positions) received past the loaded position before the
+        # checkpoint, which the loaded epoch's iteration skips.
+        self._received_ahead: tuple[int, list[int]] | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
@@ -323,14 +326,27 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         self._begin_epoch()
+        skip = self._skip_received_ahead()
         self._iterating = True
         try:
             it = cast("InProcessIterator | WorkerIterator", super().__iter__())
         finally:
             self._iterating = False
+            self.__dict__.pop("_skipping", None)
         self._progress = it.progress
         self._progress.epoch = self._sampler_epoch()
+        if not self.in_order and self.num_workers > 0:
+            self._progress.track_positions(skip)
         return it
+
+    def _skip_received_ahead(self) -> list[int]:
+        """Positions of the loaded epoch received out of order before the checkpoint: the
+        iterator about to be made skips them (through ``_index_sampler``), once."""
+        received, self._received_ahead = self._received_ahead, None
+        if received is None or received[0] != self._sampler_epoch():
+            return []
+        self.__dict__["_skipping"] = SkipPositions(self._index_sampler, received[1])
+        return received[1]
 
     # -- statistics ---------------------------------------------------------------------------
     def stats(self, scope: str = "run") -> LoaderStats:
@@ -357,6 +373,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _index_sampler(self) -> Any:
         """What the iterator draws indices from: torch's choice (``batch_sampler``, or
         ``sampler`` without auto-collation), or its resumable stand-in for torch's own samplers."""
+        skipping = self.__dict__.get("_skipping")
+        if skipping is not None:
+            return skipping
         stand_in = self.__dict__.get("_torch_resume")
         return stand_in if stand_in is not None else super()._index_sampler
 
@@ -370,6 +389,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         included)."""
         self._epoch = int(epoch)
         self._loaded, self._progress = False, None
+        if self._received_ahead is not None and self._received_ahead[0] != self._epoch:
+            self._received_ahead = None
         sampler = self._resumable()
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
@@ -398,9 +419,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         progress = self._progress
         if progress is None or progress.epoch != self._sampler_epoch():
             progress = EpochProgress()  # nothing received of the sampler's current epoch
-        state: dict[str, Any] = {"sampler": sampler.state_dict(batches_consumed=progress.delivered)}
+        state: dict[str, Any] = {"sampler": sampler.state_dict(batches_consumed=progress.consumed)}
         if progress.finished:
             state["epoch_finished"] = True
+        ahead = progress.received_ahead()
+        if self._progress is None and self._received_ahead is not None:
+            ahead = list(self._received_ahead[1])  # loaded, not yet iterated
+        if ahead:
+            state["received_ahead"] = ahead
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -416,6 +442,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sampler.load_state_dict(dict(state["sampler"]))
         self._epoch = getattr(sampler, "epoch", self._epoch)
         self._loaded, self._progress = True, None
+        ahead = [int(p) for p in state.get("received_ahead", ())]
+        self._received_ahead = (self._sampler_epoch(), ahead) if ahead else None
         if state.get("epoch_finished", False):
             self._finish_loaded_epoch()
 

@@ -4,9 +4,16 @@ A training loop that stops at ``max_steps`` leaves its ``for`` loop by ``break``
 calls ``loader.state_dict()``: by then the iterator is gone (and its workers with it), so what
 the consumer received cannot be read back from the iterator. Each iterator counts into an
 :class:`EpochProgress` that the loader holds instead.
+
+With ``in_order=False`` the batches received are not the first ``N`` of the sampler's order:
+the progress records their positions (a contiguous prefix and the positions received beyond
+it), and a resumed iteration skips those beyond the prefix (:class:`SkipPositions`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 class EpochProgress:
@@ -15,15 +22,84 @@ class EpochProgress:
     ``epoch`` is the resumable sampler's epoch when the iteration began (``-1`` where it has
     none); ``delivered`` the batches handed to the consumer; ``finished`` whether the iteration
     ended by ``StopIteration`` (the ``for`` loop ran to its end), after which a saved state
-    starts the next epoch.
+    starts the next epoch. Out of order (``ahead`` not ``None``), the positions received in the
+    sampler's order of this iteration: all below ``prefix``, and those in ``ahead``.
     """
 
-    __slots__ = ("delivered", "epoch", "finished")
+    __slots__ = ("ahead", "delivered", "epoch", "finished", "prefix")
 
     def __init__(self, epoch: int = -1) -> None:
         self.epoch = epoch
         self.delivered = 0
         self.finished = False
+        self.prefix = 0
+        self.ahead: set[int] | None = None
+
+    def track_positions(self, received: Iterable[int] = ()) -> None:
+        """Record positions from now on (out of order), ``received`` counting as received."""
+        self.ahead = set()
+        for position in received:
+            self.mark(position)
+
+    def mark(self, position: int) -> None:
+        """Position ``position`` of the sampler's order was received."""
+        ahead = self.ahead
+        assert ahead is not None
+        if position != self.prefix:
+            ahead.add(position)
+            return
+        self.prefix += 1
+        while self.prefix in ahead:
+            ahead.remove(self.prefix)
+            self.prefix += 1
+
+    @property
+    def consumed(self) -> int:
+        """The batches received from the start of the sampler's order with none missing."""
+        return self.delivered if self.ahead is None else self.prefix
+
+    def received_ahead(self) -> list[int]:
+        """Positions received past :attr:`consumed`, counted from it."""
+        return sorted(p - self.prefix for p in self.ahead) if self.ahead else []
 
 
-__all__ = ["EpochProgress"]
+class SkipPositions:
+    """Stands in for an index sampler for one resumed iteration: yields its items except those
+    at ``skip`` (positions in its order), already received before the checkpoint; later
+    iterations pass everything through. ``positions[k]`` is the position in the sampler's order
+    of the ``k``-th item yielded. Other attributes are the sampler's."""
+
+    def __init__(self, sampler: Any, skip: Iterable[int]) -> None:
+        self._sampler = sampler
+        self.skip = frozenset(skip)
+        self.positions: list[int] = []
+        self._used = False
+
+    def __getattr__(self, name: str) -> Any:
+        sampler = self.__dict__.get("_sampler")
+        if sampler is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(sampler, name)
+
+    def __len__(self) -> int:
+        return len(self._sampler) - (0 if self._used else len(self.skip))
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._used:
+            self.skip, self.positions = frozenset(), []
+            return iter(self._sampler)
+        self._used = True
+        return self._skipping(iter(self._sampler))
+
+    def _skipping(self, items: Iterator[Any]) -> Iterator[Any]:
+        for position, item in enumerate(items):
+            if position not in self.skip:
+                self.positions.append(position)
+                yield item
+
+    def position_of(self, seq: int) -> int:
+        """The position in the sampler's order of the ``seq``-th item yielded."""
+        return self.positions[seq] if self._used and self.skip else seq
+
+
+__all__ = ["EpochProgress", "SkipPositions"]

@@ -230,9 +230,9 @@ class Engine:
         assert item is not None
         kind, task, payload = item
         if kind is FAILED:
-            return Delivery(FAILED, rebuild_exception(payload, task.seq), None)
+            return Delivery(FAILED, rebuild_exception(payload, task.seq), None, task.seq)
         batch, counts = self._codec.deliver(task.index, payload)
-        return Delivery(OK, batch, counts)
+        return Delivery(OK, batch, counts, task.seq)
 
     def watch(self) -> tuple[int, list[int]]:
         """What to block on until :meth:`collect` has something to do, and the generation of

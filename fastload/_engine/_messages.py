@@ -56,11 +56,14 @@ class Reply(NamedTuple):
 class Delivery(NamedTuple):
     """What the engine hands the consumer next: ``(OK, batch, counts)``, ``(FAILED,
     exception, None)`` (the epoch goes on after it), ``(ERROR, exception, None)`` or ``(DONE,
-    None, None)``. ``counts`` is ``None`` where the payload does not say them."""
+    None, None)``. ``counts`` is ``None`` where the payload does not say them; ``seq`` is the
+    batch's position in the epoch's sampler order (-1 for ``ERROR`` and ``DONE``), which out of
+    order tells a resume which batches were received."""
 
     kind: Kind
     value: Any
     counts: Counts | None
+    seq: int = -1
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,47 @@ def test_an_iterable_dataset_without_state_keeps_the_clear_error() -> None:
 
     with pytest.raises(TypeError, match=r"IterableDataset.*give it state_dict"):
         fastload.DataLoader(Plain()).state_dict()
+
+
+class Gated(Dataset[dict[str, Any]]):
+    """Sample ``i`` is ``{"idx": i}``; sample 0 is held back until the file ``gate`` exists
+    (at most a minute), so that with ``in_order=False`` the batches after the first arrive
+    before it, whatever the machine's speed."""
+
+    def __init__(self, gate: Path) -> None:
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i == 0:
+            for _ in range(600):
+                if self.gate.exists():
+                    break
+                time.sleep(0.1)
+        return {"idx": torch.tensor(i)}
+
+
+def test_out_of_order_a_resume_neither_loses_nor_repeats_a_sample(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+
+    def make() -> fastload.DataLoader:
+        return fastload.DataLoader(Gated(gate), batch_size=8, num_workers=2, in_order=False)
+
+    taken: list[list[int]] = []
+    loader = make()
+    for batch in loader:
+        taken.append(_ids(batch))
+        if len(taken) == 3:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    gate.touch()
+    assert 0 not in {i for b in taken for i in b}  # received past the first batch
+
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [_ids(b) for b in resumed]
+    samples = sorted(i for b in taken + rest for i in b)
+    assert samples == list(range(N))
+    assert sorted(i for b in resumed for i in _ids(b)) == list(range(N))  # the next epoch whole
