@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import dataclasses
 import logging
 import os
 import time
@@ -99,6 +100,8 @@ class _BaseIterator(abc.ABC):
         # Out of order: the sampler positions of the batches next() is about to hand out, for
         # the progress (see fastload/_resume.py); None in order.
         self._positions: deque[int] | None = None if loader.in_order or loader.num_workers == 0 else deque()
+        # The workers' random states after the batches next() is about to hand out.
+        self._worker_rng: deque[tuple[int, Any]] = deque()
         self._owner_pid = os.getpid()
         self._start_shard_prefetch()
         self._logged_at = time.monotonic()
@@ -144,11 +147,18 @@ class _BaseIterator(abc.ABC):
         self.progress.delivered += 1
         if self._positions is not None:
             self.progress.mark(self._positions.popleft())
+        if self._worker_rng:
+            self._received_from_worker()
         if self._extras:
             self._after_batch()
         entry = self._meter.record(started, *counts)
         entry[0] = _clock()  # after record(): Python evaluates the right-hand side first
         return data
+
+    def _received_from_worker(self) -> None:
+        wid, states = self._worker_rng.popleft()
+        self.progress.workers[wid] = states
+        self.progress.last_worker = wid
 
     @property
     def _num_yielded(self) -> int:
@@ -254,9 +264,12 @@ class _BaseIterator(abc.ABC):
         """A new epoch on the same iterator (called by ``DataLoader.__iter__`` for persistent
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
-        self.progress = EpochProgress()
+        workers, self.progress = self.progress.workers, EpochProgress()
+        self.progress.base_seed = self._base_seed
+        self.progress.workers = dict(workers)  # persistent workers' states carry on
         if self._positions is not None:
             self._positions.clear()
+        self._worker_rng.clear()
         self._start_shard_prefetch()
         self._on_device = None
         self._epoch_ended = False
@@ -318,6 +331,10 @@ class WorkerIterator(_BaseIterator):
         self._host_extras = self._tuner is not None or self._pin
         self._last_fields: dict[str, Any] = {}
         self._report_final = loader._on_shutdown
+        resume = loader._take_worker_resume()
+        if resume is not None:
+            self._base_seed = resume[0]  # the interrupted epoch's (torch's draw was made)
+        self.progress.base_seed = self._base_seed
         self._runner_options = RunnerOptions(
             dataset=self._dataset,
             collate_fn=self._collate_fn,
@@ -336,6 +353,9 @@ class WorkerIterator(_BaseIterator):
             max_shared_bytes=self._options.max_shared_bytes,
             auto_workers=self._options.auto_workers,
             readahead=self._options.readahead,
+            snapshot_rng=loader.in_order and self._fast_collate is None,
+            resume_rng=None if resume is None else resume[2],
+            first_worker=0 if resume is None else resume[1],
         )
         self._runner = start_runner(self._runner_options, self._sampler_iter)
 
@@ -344,13 +364,15 @@ class WorkerIterator(_BaseIterator):
         if runner is None:
             raise StopIteration  # shut down after an error or at the end of the epoch
         try:
-            kind, value, counts, seq = runner.get()
+            kind, value, counts, seq, worker = runner.get()
         except BaseException:
             if runner.closed:  # the runner ended the epoch: keep its last figures
                 self._shutdown()
             raise
         if self._positions is not None and seq >= 0:
             self._positions.append(self._position_of(seq))
+        if worker is not None:
+            self._worker_rng.append(worker)
         if kind is not OK:
             return self._not_a_batch(runner, kind, value)
         if self._host_extras:
@@ -412,6 +434,8 @@ class WorkerIterator(_BaseIterator):
 
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        # A later epoch starts where the workers stand, not where a loaded state had them.
+        self._runner_options = dataclasses.replace(self._runner_options, resume_rng=None, first_worker=0)
         if self._runner is None:
             self._runner = start_runner(self._runner_options, self._sampler_iter)
         else:

@@ -12,7 +12,7 @@ import torch.utils.data
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
-from fastload._resume import EpochProgress, SkipPositions
+from fastload._resume import EpochProgress, SkipPositions, worker_resume, worker_state
 from fastload._sampling._stateful import keeps_own_position, stateful_sampler
 from fastload._sampling._torch_resume import resumable_torch_sampler
 from fastload.errors import RebuiltLoaderWarning
@@ -177,6 +177,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # Out of order: (epoch, positions) received past the loaded position before the
         # checkpoint, which the loaded epoch's iteration skips.
         self._received_ahead: tuple[int, list[int]] | None = None
+        # The workers' part of a loaded state (their seeds and random states), with its
+        # epoch: the loaded epoch's iterator starts its workers from it.
+        self._loaded_workers: tuple[int, dict[str, Any]] | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
@@ -339,6 +342,25 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._progress.track_positions(skip)
         return it
 
+    def _take_worker_resume(self) -> tuple[int, int, dict[int, Any]] | None:
+        """For the iterator of a loaded epoch: the workers' base seed, the worker of the first
+        batch and each worker's random states, as the interrupted run had them after the last
+        batch received; ``None`` for any other epoch, or where the worker count changed (the
+        batches are the same, the randomness of the dataset's augmentation is not)."""
+        loaded, self._loaded_workers = self._loaded_workers, None
+        if loaded is None or loaded[0] != self._sampler_epoch():
+            return None
+        saved = loaded[1]
+        if int(saved["num_workers"]) != self.num_workers:
+            warnings.warn(
+                f"the loaded state was saved with num_workers={saved['num_workers']}, this loader "
+                f"has {self.num_workers}: the workers' random states are not restored, so random "
+                "augmentation in the dataset differs from the interrupted run's",
+                stacklevel=4,
+            )
+            return None
+        return worker_resume(saved)
+
     def _skip_received_ahead(self) -> list[int]:
         """Positions of the loaded epoch received out of order before the checkpoint: the
         iterator about to be made skips them (through ``_index_sampler``), once."""
@@ -391,6 +413,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._loaded, self._progress = False, None
         if self._received_ahead is not None and self._received_ahead[0] != self._epoch:
             self._received_ahead = None
+        if self._loaded_workers is not None and self._loaded_workers[0] != self._epoch:
+            self._loaded_workers = None
         sampler = self._resumable()
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
@@ -427,6 +451,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ahead = list(self._received_ahead[1])  # loaded, not yet iterated
         if ahead:
             state["received_ahead"] = ahead
+        if self._progress is None and self._loaded_workers is not None:
+            state["workers"] = self._loaded_workers[1]  # loaded, not yet iterated
+        elif progress.base_seed is not None and self.num_workers > 0 and not progress.finished:
+            state["workers"] = worker_state(progress, self.num_workers)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -444,6 +472,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._loaded, self._progress = True, None
         ahead = [int(p) for p in state.get("received_ahead", ())]
         self._received_ahead = (self._sampler_epoch(), ahead) if ahead else None
+        workers = state.get("workers")
+        self._loaded_workers = None if workers is None else (self._sampler_epoch(), dict(workers))
         if state.get("epoch_finished", False):
             self._finish_loaded_epoch()
 

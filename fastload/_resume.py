@@ -12,8 +12,11 @@ it), and a resumed iteration skips those beyond the prefix (:class:`SkipPosition
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import base64
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 
 class EpochProgress:
@@ -26,7 +29,7 @@ class EpochProgress:
     sampler's order of this iteration: all below ``prefix``, and those in ``ahead``.
     """
 
-    __slots__ = ("ahead", "delivered", "epoch", "finished", "prefix")
+    __slots__ = ("ahead", "base_seed", "delivered", "epoch", "finished", "last_worker", "prefix", "workers")
 
     def __init__(self, epoch: int = -1) -> None:
         self.epoch = epoch
@@ -34,6 +37,12 @@ class EpochProgress:
         self.finished = False
         self.prefix = 0
         self.ahead: set[int] | None = None
+        #: The workers' base seed, and each worker's random states right after the last batch
+        #: it built that the consumer received (the generic path, in order), with the worker
+        #: of the last batch received.
+        self.base_seed: int | None = None
+        self.workers: dict[int, Any] = {}
+        self.last_worker: int | None = None
 
     def track_positions(self, received: Iterable[int] = ()) -> None:
         """Record positions from now on (out of order), ``received`` counting as received."""
@@ -102,4 +111,47 @@ class SkipPositions:
         return self.positions[seq] if self._used and self.skip else seq
 
 
-__all__ = ["EpochProgress", "SkipPositions"]
+def encode_rng(states: tuple[bytes, Any, Any]) -> list[Any]:
+    """A worker's random states (``_engine._worker.rng_states``) as JSON-able values."""
+    torch_state, (version, words, gauss), numpy_state = states
+    name, keys, position, has_gauss, cached = numpy_state
+    return [
+        base64.b64encode(torch_state).decode("ascii"),
+        [version, list(words), gauss],
+        [name, np.asarray(keys).tolist(), int(position), int(has_gauss), float(cached)],
+    ]
+
+
+def decode_rng(saved: list[Any]) -> tuple[bytes, Any, Any]:
+    """What :func:`encode_rng` encoded."""
+    torch_state, (version, words, gauss), (name, keys, position, has_gauss, cached) = saved
+    numpy_state = (name, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached)
+    return base64.b64decode(torch_state), (version, tuple(words), gauss), numpy_state
+
+
+def worker_state(progress: EpochProgress, num_workers: int) -> dict[str, Any]:
+    """The workers' part of a loader state: their base seed, the worker the next batch goes to
+    and each worker's random states after its last batch received."""
+    last = progress.last_worker
+    return {
+        "num_workers": num_workers,
+        "base_seed": progress.base_seed,
+        "next_worker": 0 if last is None else (last + 1) % num_workers,
+        "rng": {str(wid): encode_rng(states) for wid, states in sorted(progress.workers.items())},
+    }
+
+
+def worker_resume(saved: Mapping[str, Any]) -> tuple[int, int, dict[int, Any]]:
+    """``(base seed, first worker, random states per worker id)`` of :func:`worker_state`."""
+    rng = {int(wid): decode_rng(states) for wid, states in saved["rng"].items()}
+    return int(saved["base_seed"]), int(saved["next_worker"]), rng
+
+
+__all__ = [
+    "EpochProgress",
+    "SkipPositions",
+    "decode_rng",
+    "encode_rng",
+    "worker_resume",
+    "worker_state",
+]

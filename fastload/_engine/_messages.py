@@ -51,6 +51,9 @@ class Reply(NamedTuple):
     busy_s: float
     read_s: float | None
     storage: StorageCounts | None = None
+    #: The worker's random states right after building the batch (the generic path, when the
+    #: loader keeps them for resume: ``_worker.rng_states``); ``None`` otherwise.
+    rng: Any = None
 
 
 class Delivery(NamedTuple):
@@ -64,6 +67,9 @@ class Delivery(NamedTuple):
     value: Any
     counts: Counts | None
     seq: int = -1
+    #: ``(worker id, its random states right after building this batch)`` where the loader
+    #: keeps them for resume, else ``None``.
+    worker: tuple[int, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ def worker_spec(options: RunnerOptions, builder: SlotBuilder | None) -> WorkerSp
         epoch=0,
         builder=builder,
         readahead=options.readahead,
+        snapshot_rng=options.snapshot_rng and builder is None,
+        resume_rng=options.resume_rng,
     )
 
 

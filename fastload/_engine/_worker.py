@@ -56,6 +56,12 @@ class WorkerSpec:
     builder: Any = None  # the fast path's batch builder; None for the generic path
     host: WorkerHost = field(default_factory=WorkerHost)  # what the host policy has it do
     readahead: bool = False  # hint the kernel about the queued tasks' byte ranges
+    #: Send the random states after each batch built (for a loader's resume: ``rng_states``).
+    snapshot_rng: bool = False
+    #: Random states to start from, per worker id, after ``worker_init_fn`` (a resumed epoch:
+    #: each worker continues where it stood after its last batch received before the
+    #: checkpoint); a worker not listed keeps its seeds.
+    resume_rng: dict[int, Any] | None = None
 
 
 def _seed(spec: WorkerSpec) -> int:
@@ -70,6 +76,20 @@ def _seed(spec: WorkerSpec) -> int:
     generate: Callable[[int, int], list[int]] = torch_worker._generate_state  # torch's, untyped
     np.random.seed(generate(spec.base_seed, spec.worker_id))
     return seed
+
+
+def rng_states() -> tuple[bytes, Any, Any]:
+    """This process's torch, ``random`` and numpy random states (what a dataset's or a
+    collate's augmentation draws from)."""
+    return torch.get_rng_state().numpy().tobytes(), random.getstate(), np.random.get_state()
+
+
+def set_rng_states(states: tuple[bytes, Any, Any]) -> None:
+    """Restore what :func:`rng_states` returned."""
+    torch_state, python_state, numpy_state = states
+    torch.set_rng_state(torch.frombuffer(bytearray(torch_state), dtype=torch.uint8))
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
 
 
 def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
@@ -110,6 +130,8 @@ def worker_main(
     try:
         if spec.worker_init_fn is not None:
             spec.worker_init_fn(spec.worker_id)
+        if spec.resume_rng is not None and spec.worker_id in spec.resume_rng:
+            set_rng_states(spec.resume_rng[spec.worker_id])
         fetcher = _new_fetcher(spec)
     except Exception as exc:
         init_failure = _failure(exc, spec, index=None)
@@ -159,7 +181,8 @@ def worker_main(
                 kind, payload = _build(spec, fetcher, index)
                 busy_s = time.perf_counter() - started
                 storage = None if before is None or storage_counts is None else storage_counts() - before
-                reply = Reply(task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None), storage)
+                rng = rng_states() if spec.snapshot_rng and kind is OK else None
+                reply = Reply(task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None), storage, rng)
                 exhausted = kind == EXHAUSTED
             try:
                 data = encode(reply)

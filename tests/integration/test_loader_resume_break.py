@@ -8,6 +8,7 @@ collate), in the calling process and with worker processes."""
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -244,3 +245,46 @@ def test_out_of_order_a_resume_neither_loses_nor_repeats_a_sample(tmp_path: Path
     samples = sorted(i for b in taken + rest for i in b)
     assert samples == list(range(N))
     assert sorted(i for b in resumed for i in _ids(b)) == list(range(N))  # the next epoch whole
+
+
+class Augmented(Dataset[dict[str, Any]]):
+    """Sample ``i`` with random augmentation drawn in ``__getitem__`` from torch's, Python's
+    and numpy's generators, as a dataset's transforms draw it."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {
+            "idx": torch.tensor(i),
+            "torch": torch.randint(0, 1 << 30, ()),
+            "python": torch.tensor(random.randrange(1 << 30)),
+            "numpy": torch.tensor(int(np.random.randint(0, 1 << 30))),
+        }
+
+
+def _augmented(batch: dict[str, torch.Tensor]) -> list[list[int]]:
+    return [batch[key].tolist() for key in ("idx", "torch", "python", "numpy")]
+
+
+@pytest.mark.parametrize("k", [0, 1, 4, 5, 11, 12, None], ids=lambda k: "end" if k is None else f"k{k}")
+def test_the_workers_random_states_resume_with_the_batches(k: int | None) -> None:
+    def make() -> fastload.DataLoader:
+        generator = torch.Generator().manual_seed(21)
+        return fastload.DataLoader(Augmented(), batch_size=8, shuffle=True, generator=generator, num_workers=2)
+
+    reference = make()
+    uninterrupted = [_augmented(b) for _ in range(3) for b in reference]
+
+    interrupted = make()
+    taken: list[list[list[int]]] = []
+    if k != 0:
+        for batch in interrupted:
+            taken.append(_augmented(batch))
+            if len(taken) == k:
+                break
+    state = json.loads(json.dumps(interrupted.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = taken + [_augmented(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
