@@ -354,6 +354,7 @@ class WorkerIterator(_BaseIterator):
             auto_workers=self._options.auto_workers,
             readahead=self._options.readahead,
             snapshot_rng=loader.in_order and self._fast_collate is None,
+            snapshot_dataset=loader._replicas_keep_position(),
             resume_rng=None if resume is None else resume[2],
             first_worker=0 if resume is None else resume[1],
         )

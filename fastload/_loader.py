@@ -438,7 +438,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         its epoch, loading it starts the next epoch. Right after :meth:`load_state_dict` it is
         the loaded position. JSON-able."""
         if self._own_position_dataset():
-            return {"dataset": cast(Any, self.dataset).state_dict()}
+            return self._iterable_state()
         sampler = self._resumable_for("state_dict()")
         progress = self._progress
         if progress is None or progress.epoch != self._sampler_epoch():
@@ -464,7 +464,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sampler at once, so a state saved with other settings raises ``ValueError`` here, and
         ``len(loader)`` counts the batches left."""
         if self._own_position_dataset():
-            cast(Any, self.dataset).load_state_dict(state["dataset"])
+            self._load_iterable_state(state)
             return
         sampler = self._resumable_for("load_state_dict()")
         sampler.load_state_dict(dict(state["sampler"]))
@@ -494,18 +494,35 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _own_position_dataset(self) -> bool:
         """Whether the dataset is an ``IterableDataset`` that keeps its own position (torchdata's
-        ``state_dict()``/``load_state_dict()``): then the loader saves and loads its state."""
-        if not isinstance(self.dataset, torch.utils.data.IterableDataset):
-            return False
-        if not keeps_own_position(self.dataset):
-            return False
-        if self.num_workers > 0:
+        ``state_dict()``/``load_state_dict()``): then the loader saves and loads its state (with
+        workers, each worker's replica's, as it stood after the last batch received from it)."""
+        return isinstance(self.dataset, torch.utils.data.IterableDataset) and keeps_own_position(self.dataset)
+
+    def _replicas_keep_position(self) -> bool:
+        """Whether each worker sends its iterable dataset replica's own state with its batches."""
+        return self.num_workers > 0 and self.in_order and self._own_position_dataset()
+
+    def _iterable_state(self) -> dict[str, Any]:
+        if self.num_workers == 0:
+            return {"dataset": cast(Any, self.dataset).state_dict()}
+        if not self.in_order:
             raise TypeError(
-                f"state_dict()/load_state_dict() of {type(self.dataset).__name__} (an "
-                "IterableDataset with its own state) need num_workers=0: each worker iterates "
-                "a replica of its own, whose state the main process does not hold"
+                f"state_dict() of a loader over {type(self.dataset).__name__} (an IterableDataset "
+                "with its own state) needs in_order=True with workers: out of order, which "
+                "worker's batches were received cannot be replayed"
             )
-        return True
+        progress = self._progress
+        if progress is None and self._loaded_workers is not None:
+            return {"dataset_workers": self._loaded_workers[1]}  # loaded, not yet iterated
+        if progress is None or progress.base_seed is None or progress.finished:
+            return {"dataset_workers": None}  # the next iteration starts from the dataset itself
+        return {"dataset_workers": worker_state(progress, self.num_workers)}
+
+    def _load_iterable_state(self, state: dict[str, Any]) -> None:
+        if "dataset" in state:
+            cast(Any, self.dataset).load_state_dict(state["dataset"])
+        workers = state.get("dataset_workers")
+        self._loaded_workers = None if workers is None else (-1, dict(workers))
 
     def _resumable(self) -> Any | None:
         """The index sampler that saves and loads positions, if there is one."""

@@ -129,6 +129,16 @@ def decode_rng(saved: list[Any]) -> tuple[bytes, Any, Any]:
     return base64.b64decode(torch_state), (version, tuple(words), gauss), numpy_state
 
 
+def encode_worker(state: tuple[tuple[bytes, Any, Any], Any]) -> dict[str, Any]:
+    """A worker's state (``_engine._worker.snapshot``) as a plain dict: its random states, and
+    its dataset replica's own state (as that gives it)."""
+    return {"rng": encode_rng(state[0]), "dataset": state[1]}
+
+
+def decode_worker(saved: Mapping[str, Any]) -> tuple[tuple[bytes, Any, Any], Any]:
+    return decode_rng(saved["rng"]), saved["dataset"]
+
+
 def worker_state(progress: EpochProgress, num_workers: int) -> dict[str, Any]:
     """The workers' part of a loader state: their base seed, the worker the next batch goes to
     and each worker's random states after its last batch received."""
@@ -137,13 +147,13 @@ def worker_state(progress: EpochProgress, num_workers: int) -> dict[str, Any]:
         "num_workers": num_workers,
         "base_seed": progress.base_seed,
         "next_worker": 0 if last is None else (last + 1) % num_workers,
-        "rng": {str(wid): encode_rng(states) for wid, states in sorted(progress.workers.items())},
+        "rng": {str(wid): encode_worker(states) for wid, states in sorted(progress.workers.items())},
     }
 
 
 def worker_resume(saved: Mapping[str, Any]) -> tuple[int, int, dict[int, Any]]:
     """``(base seed, first worker, random states per worker id)`` of :func:`worker_state`."""
-    rng = {int(wid): decode_rng(states) for wid, states in saved["rng"].items()}
+    rng = {int(wid): decode_worker(states) for wid, states in saved["rng"].items()}
     return int(saved["base_seed"]), int(saved["next_worker"]), rng
 
 
@@ -151,7 +161,9 @@ __all__ = [
     "EpochProgress",
     "SkipPositions",
     "decode_rng",
+    "decode_worker",
     "encode_rng",
+    "encode_worker",
     "worker_resume",
     "worker_state",
 ]

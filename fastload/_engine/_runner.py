@@ -66,6 +66,8 @@ class RunnerOptions:
     readahead: bool = False
     #: The generic path's workers send their random states with each batch (``Delivery.worker``).
     snapshot_rng: bool = False
+    #: With it, each worker's iterable dataset replica's own state (it has ``state_dict``).
+    snapshot_dataset: bool = False
     #: A resumed epoch: the workers' random states to start from (``WorkerSpec.resume_rng``),
     #: and the worker the first task goes to.
     resume_rng: dict[int, Any] | None = None

@@ -56,11 +56,13 @@ class WorkerSpec:
     builder: Any = None  # the fast path's batch builder; None for the generic path
     host: WorkerHost = field(default_factory=WorkerHost)  # what the host policy has it do
     readahead: bool = False  # hint the kernel about the queued tasks' byte ranges
-    #: Send the random states after each batch built (for a loader's resume: ``rng_states``).
+    #: Send the worker's state after each batch built (for a loader's resume: ``snapshot``).
     snapshot_rng: bool = False
-    #: Random states to start from, per worker id, after ``worker_init_fn`` (a resumed epoch:
-    #: each worker continues where it stood after its last batch received before the
-    #: checkpoint); a worker not listed keeps its seeds.
+    #: With it, the state of the iterable dataset's replica (it has ``state_dict``).
+    snapshot_dataset: bool = False
+    #: States to start from, per worker id, after ``worker_init_fn`` (a resumed epoch: each
+    #: worker continues where it stood after its last batch received before the checkpoint);
+    #: a worker not listed keeps its seeds.
     resume_rng: dict[int, Any] | None = None
 
 
@@ -90,6 +92,21 @@ def set_rng_states(states: tuple[bytes, Any, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(torch_state), dtype=torch.uint8))
     random.setstate(python_state)
     np.random.set_state(numpy_state)
+
+
+def snapshot(spec: WorkerSpec) -> tuple[tuple[bytes, Any, Any], Any]:
+    """The worker's state after a batch: its random states, and its iterable dataset
+    replica's own state where the loader keeps it (``None`` otherwise)."""
+    dataset = spec.dataset.state_dict() if spec.snapshot_dataset else None
+    return rng_states(), dataset
+
+
+def restore(spec: WorkerSpec, state: tuple[tuple[bytes, Any, Any], Any]) -> None:
+    """Start from what :func:`snapshot` returned."""
+    rng, dataset = state
+    set_rng_states(rng)
+    if dataset is not None:
+        spec.dataset.load_state_dict(dataset)
 
 
 def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
@@ -131,7 +148,7 @@ def worker_main(
         if spec.worker_init_fn is not None:
             spec.worker_init_fn(spec.worker_id)
         if spec.resume_rng is not None and spec.worker_id in spec.resume_rng:
-            set_rng_states(spec.resume_rng[spec.worker_id])
+            restore(spec, spec.resume_rng[spec.worker_id])
         fetcher = _new_fetcher(spec)
     except Exception as exc:
         init_failure = _failure(exc, spec, index=None)
@@ -181,7 +198,7 @@ def worker_main(
                 kind, payload = _build(spec, fetcher, index)
                 busy_s = time.perf_counter() - started
                 storage = None if before is None or storage_counts is None else storage_counts() - before
-                rng = rng_states() if spec.snapshot_rng and kind is OK else None
+                rng = snapshot(spec) if spec.snapshot_rng and kind is OK else None
                 reply = Reply(task_epoch, seq, kind, payload, busy_s, getattr(fetcher, "last_read_s", None), storage, rng)
                 exhausted = kind == EXHAUSTED
             try:

@@ -166,6 +166,9 @@ class OwnPositionStream(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def __iter__(self) -> Any:
         order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.passes)).tolist()
+        info = torch.utils.data.get_worker_info()
+        if info is not None:  # each worker its share, as torch's documentation shards
+            order = order[info.id :: info.num_workers]
         start, self._resume_at = self._resume_at, 0
         self.yielded = start
         for i in order[start:]:
@@ -180,10 +183,11 @@ class OwnPositionStream(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.passes, self._resume_at = state["passes"], state["yielded"]
 
 
-@pytest.mark.parametrize("k", [0, 1, 5, 11], ids=lambda k: f"k{k}")
-def test_an_iterable_dataset_with_its_own_state_resumes_through_it(k: int) -> None:
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("k", [0, 1, 5, 11, None], ids=lambda k: "end" if k is None else f"k{k}")
+def test_an_iterable_dataset_with_its_own_state_resumes_through_it(num_workers: int, k: int | None) -> None:
     def make() -> fastload.DataLoader:
-        return fastload.DataLoader(OwnPositionStream(N), batch_size=8)
+        return fastload.DataLoader(OwnPositionStream(N), batch_size=8, num_workers=num_workers)
 
     reference = make()
     uninterrupted = [_ids(b) for _ in range(3) for b in reference]
