@@ -23,7 +23,6 @@ import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import IterableDataset
 
 from fastload._device import DevicePrefetcher, cuda_available, page_lock, pin_tree
@@ -93,9 +92,7 @@ class _BaseIterator(abc.ABC):
         self._shards = ShardTraffic(
             self._dataset, self._meter, concurrency=self._options.download_concurrency
         )
-        self._base_seed = int(
-            torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        )
+        self._base_seed = loader._draw_base_seed()
         self.progress = EpochProgress()  # the loader keeps it: it outlives this iterator
         # Out of order: the sampler positions of the batches next() is about to hand out, for
         # the progress (see fastload/_resume.py); None in order.

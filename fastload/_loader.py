@@ -178,8 +178,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # checkpoint, which the loaded epoch's iteration skips.
         self._received_ahead: tuple[int, list[int]] | None = None
         # The workers' part of a loaded state (their seeds and random states), with its
-        # epoch: the loaded epoch's iterator starts its workers from it.
-        self._loaded_workers: tuple[int, dict[str, Any]] | None = None
+        # epoch (None: the next iteration's) and whether its base seed replaces the draw: the
+        # loaded epoch's iterator starts its workers from it.
+        self._loaded_workers: tuple[int | None, dict[str, Any], bool] | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
@@ -336,11 +337,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         finally:
             self._iterating = False
             self.__dict__.pop("_skipping", None)
+            self._loaded_workers = None  # taken by a new worker iterator, or of no use
         self._progress = it.progress
         self._progress.epoch = self._sampler_epoch()
         if not self.in_order and self.num_workers > 0:
             self._progress.track_positions(skip)
         return it
+
+    def _draw_base_seed(self) -> int:
+        """The workers' base seed for a new iterator: torch's draw (from ``generator``, else the
+        global generator), unless the loaded state continues persistent workers into a new
+        epoch, where the uninterrupted run's iterator made none."""
+        loaded = self._loaded_workers
+        if loaded is not None and loaded[2]:
+            return int(loaded[1]["base_seed"])
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
 
     def _take_worker_resume(self) -> tuple[int, int, dict[int, Any]] | None:
         """For the iterator of a loaded epoch: the workers' base seed, the worker of the first
@@ -348,7 +359,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         batch received; ``None`` for any other epoch, or where the worker count changed (the
         batches are the same, the randomness of the dataset's augmentation is not)."""
         loaded, self._loaded_workers = self._loaded_workers, None
-        if loaded is None or loaded[0] != self._sampler_epoch():
+        if loaded is None or (loaded[0] is not None and loaded[0] != self._sampler_epoch()):
             return None
         saved = loaded[1]
         if int(saved["num_workers"]) != self.num_workers:
@@ -413,7 +424,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._loaded, self._progress = False, None
         if self._received_ahead is not None and self._received_ahead[0] != self._epoch:
             self._received_ahead = None
-        if self._loaded_workers is not None and self._loaded_workers[0] != self._epoch:
+        if self._loaded_workers is not None and self._loaded_workers[0] not in (None, self._epoch):
             self._loaded_workers = None
         sampler = self._resumable()
         if sampler is not None and hasattr(sampler, "set_epoch"):
@@ -451,9 +462,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ahead = list(self._received_ahead[1])  # loaded, not yet iterated
         if ahead:
             state["received_ahead"] = ahead
-        if self._progress is None and self._loaded_workers is not None:
+        if self._loaded_workers is not None:
             state["workers"] = self._loaded_workers[1]  # loaded, not yet iterated
-        elif progress.base_seed is not None and self.num_workers > 0 and not progress.finished:
+        elif (
+            progress.base_seed is not None
+            and self.num_workers > 0
+            and (not progress.finished or self.persistent_workers)  # carried into the next epoch
+        ):
             state["workers"] = worker_state(progress, self.num_workers)
         return state
 
@@ -473,9 +488,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         ahead = [int(p) for p in state.get("received_ahead", ())]
         self._received_ahead = (self._sampler_epoch(), ahead) if ahead else None
         workers = state.get("workers")
-        self._loaded_workers = None if workers is None else (self._sampler_epoch(), dict(workers))
+        self._loaded_workers = None if workers is None else (self._sampler_epoch(), dict(workers), False)
         if state.get("epoch_finished", False):
             self._finish_loaded_epoch()
+            if workers is not None and self.persistent_workers:
+                # The uninterrupted run's workers went on into the next epoch with the same
+                # seed (its iterator made no new draw): so does the resumed one.
+                self._loaded_workers = (None, dict(workers), True)
 
     def _finish_loaded_epoch(self) -> None:
         """The loaded epoch had ended: run its (empty) rest now, so that the sampler stands
@@ -512,7 +531,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 "worker's batches were received cannot be replayed"
             )
         progress = self._progress
-        if progress is None and self._loaded_workers is not None:
+        if self._loaded_workers is not None:
             return {"dataset_workers": self._loaded_workers[1]}  # loaded, not yet iterated
         if progress is None or progress.base_seed is None or progress.finished:
             return {"dataset_workers": None}  # the next iteration starts from the dataset itself
@@ -522,7 +541,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if "dataset" in state:
             cast(Any, self.dataset).load_state_dict(state["dataset"])
         workers = state.get("dataset_workers")
-        self._loaded_workers = None if workers is None else (-1, dict(workers))
+        self._loaded_workers = None if workers is None else (-1, dict(workers), False)
 
     def _resumable(self) -> Any | None:
         """The index sampler that saves and loads positions, if there is one."""

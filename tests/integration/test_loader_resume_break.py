@@ -271,11 +271,14 @@ def _augmented(batch: dict[str, torch.Tensor]) -> list[list[int]]:
     return [batch[key].tolist() for key in ("idx", "torch", "python", "numpy")]
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh", "persistent"])
 @pytest.mark.parametrize("k", [0, 1, 4, 5, 11, 12, None], ids=lambda k: "end" if k is None else f"k{k}")
-def test_the_workers_random_states_resume_with_the_batches(k: int | None) -> None:
+def test_the_workers_random_states_resume_with_the_batches(k: int | None, persistent: bool) -> None:
     def make() -> fastload.DataLoader:
         generator = torch.Generator().manual_seed(21)
-        return fastload.DataLoader(Augmented(), batch_size=8, shuffle=True, generator=generator, num_workers=2)
+        return fastload.DataLoader(
+            Augmented(), batch_size=8, shuffle=True, generator=generator, num_workers=2, persistent_workers=persistent
+        )
 
     reference = make()
     uninterrupted = [_augmented(b) for _ in range(3) for b in reference]
