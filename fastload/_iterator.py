@@ -261,9 +261,10 @@ class _BaseIterator(abc.ABC):
         """A new epoch on the same iterator (called by ``DataLoader.__iter__`` for persistent
         workers)."""
         self._sampler_iter = iter(self._index_sampler)
-        workers, self.progress = self.progress.workers, EpochProgress()
+        previous, self.progress = self.progress, EpochProgress()
         self.progress.base_seed = self._base_seed
-        self.progress.workers = dict(workers)  # persistent workers' states carry on
+        # Persistent workers' states carry on; the round-robin restarts at worker 0, as torch's.
+        self.progress.workers = dict(previous.workers)
         if self._positions is not None:
             self._positions.clear()
         self._worker_rng.clear()

@@ -255,8 +255,11 @@ class Augmented(Dataset[dict[str, Any]]):
     """Sample ``i`` with random augmentation drawn in ``__getitem__`` from torch's, Python's
     and numpy's generators, as a dataset's transforms draw it."""
 
+    def __init__(self, n: int = N) -> None:
+        self.n = n
+
     def __len__(self) -> int:
-        return N
+        return self.n
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return {
@@ -291,6 +294,51 @@ def test_the_workers_random_states_resume_with_the_batches(k: int | None, persis
             if len(taken) == k:
                 break
     state = json.loads(json.dumps(interrupted.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = taken + [_augmented(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
+
+
+@pytest.mark.parametrize("k", [1, 6], ids=lambda k: f"k{k}")
+def test_persistent_workers_random_states_resume_in_a_later_epoch(k: int) -> None:
+    def make() -> fastload.DataLoader:
+        generator = torch.Generator().manual_seed(5)
+        return fastload.DataLoader(
+            Augmented(), batch_size=8, shuffle=True, generator=generator, num_workers=2, persistent_workers=True
+        )
+
+    reference = make()
+    uninterrupted = [_augmented(b) for _ in range(3) for b in reference]
+
+    interrupted = make()
+    taken = [_augmented(b) for b in interrupted]
+    for batch in interrupted:
+        taken.append(_augmented(batch))
+        if len(taken) == 12 + k:
+            break
+    state = json.loads(json.dumps(interrupted.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = taken + [_augmented(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
+
+
+def test_persistent_workers_a_state_at_the_start_of_a_later_epoch_names_its_first_worker() -> None:
+    def make() -> fastload.DataLoader:  # 11 batches an epoch: epoch 1 begins on worker 1
+        generator = torch.Generator().manual_seed(5)
+        return fastload.DataLoader(
+            Augmented(88), batch_size=8, shuffle=True, generator=generator, num_workers=2, persistent_workers=True
+        )
+
+    reference = make()
+    uninterrupted = [_augmented(b) for _ in range(3) for b in reference]
+
+    interrupted = make()
+    taken = [_augmented(b) for b in interrupted]
+    it = iter(interrupted)  # epoch 1 begun, nothing received yet
+    state = json.loads(json.dumps(interrupted.state_dict()))
+    del it
     resumed = make()
     resumed.load_state_dict(state)
     got = taken + [_augmented(b) for _ in range(2) for b in resumed]
