@@ -146,7 +146,8 @@ def worker_state(progress: EpochProgress, num_workers: int) -> dict[str, Any]:
     return {
         "num_workers": num_workers,
         "base_seed": progress.base_seed,
-        "next_worker": 0 if last is None else (last + 1) % num_workers,
+        # A new epoch's round-robin starts at worker 0.
+        "next_worker": 0 if last is None or progress.finished else (last + 1) % num_workers,
         "rng": {str(wid): encode_worker(states) for wid, states in sorted(progress.workers.items())},
     }
 

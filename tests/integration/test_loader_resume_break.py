@@ -324,7 +324,8 @@ def test_persistent_workers_random_states_resume_in_a_later_epoch(k: int) -> Non
     assert got == uninterrupted[: len(got)]
 
 
-def test_persistent_workers_a_state_at_the_start_of_a_later_epoch_names_its_first_worker() -> None:
+@pytest.mark.parametrize("begun", [True, False], ids=["begun", "finished"])
+def test_persistent_workers_a_state_at_the_start_of_a_later_epoch_names_its_first_worker(begun: bool) -> None:
     def make() -> fastload.DataLoader:  # 11 batches an epoch: epoch 1 begins on worker 1
         generator = torch.Generator().manual_seed(5)
         return fastload.DataLoader(
@@ -336,7 +337,7 @@ def test_persistent_workers_a_state_at_the_start_of_a_later_epoch_names_its_firs
 
     interrupted = make()
     taken = [_augmented(b) for b in interrupted]
-    it = iter(interrupted)  # epoch 1 begun, nothing received yet
+    it = iter(interrupted) if begun else None  # epoch 1 begun, nothing received yet
     state = json.loads(json.dumps(interrupted.state_dict()))
     del it
     resumed = make()
