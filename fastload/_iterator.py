@@ -154,7 +154,8 @@ class _BaseIterator(abc.ABC):
 
     def _received_from_worker(self) -> None:
         wid, states = self._worker_rng.popleft()
-        self.progress.workers[wid] = states
+        if states:  # () when unchanged since that worker's previous batch
+            self.progress.workers[wid] = states
         self.progress.last_worker = wid
 
     @property
@@ -332,6 +333,7 @@ class WorkerIterator(_BaseIterator):
         resume = loader._take_worker_resume()
         if resume is not None:
             self._base_seed = resume[0]  # the interrupted epoch's (torch's draw was made)
+            self.progress.workers.update(resume[2])  # where the workers start from
         self.progress.base_seed = self._base_seed
         self._runner_options = RunnerOptions(
             dataset=self._dataset,

@@ -51,8 +51,9 @@ class Reply(NamedTuple):
     busy_s: float
     read_s: float | None
     storage: StorageCounts | None = None
-    #: The worker's random states right after building the batch (the generic path, when the
-    #: loader keeps them for resume: ``_worker.rng_states``); ``None`` otherwise.
+    #: The worker's state right after building the batch (the generic path, when the loader
+    #: keeps it for resume: ``_worker.snapshot``), ``()`` where it is the one it sent last;
+    #: ``None`` otherwise.
     rng: Any = None
 
 
@@ -67,8 +68,8 @@ class Delivery(NamedTuple):
     value: Any
     counts: Counts | None
     seq: int = -1
-    #: ``(worker id, its random states right after building this batch)`` where the loader
-    #: keeps them for resume, else ``None``.
+    #: ``(worker id, its state right after building this batch)`` where the loader keeps it
+    #: for resume (``()``: unchanged since the last batch it built), else ``None``.
     worker: tuple[int, Any] | None = None
 
 
