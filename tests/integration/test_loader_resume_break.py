@@ -344,3 +344,39 @@ def test_persistent_workers_a_state_at_the_start_of_a_later_epoch_names_its_firs
     resumed.load_state_dict(state)
     got = taken + [_augmented(b) for _ in range(2) for b in resumed]
     assert got == uninterrupted[: len(got)]
+
+
+class SparseAugmented(Dataset[dict[str, Any]]):
+    """Draws a random number for one sample in 24 and samples 4 and 76 only: most batches leave a
+    worker's random states as they were."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        noise = random.randrange(1 << 30) if i % 24 == 0 or i in (4, 76) else -1
+        return {"idx": torch.tensor(i), "torch": torch.tensor(noise), "python": torch.tensor(0), "numpy": torch.tensor(0)}
+
+
+def test_resuming_twice_keeps_the_states_of_workers_whose_batches_drew_nothing() -> None:
+    def make() -> fastload.DataLoader:
+        generator = torch.Generator().manual_seed(2)  # the workers' base seed
+        return fastload.DataLoader(SparseAugmented(), batch_size=4, num_workers=2, generator=generator)  # 24 batches
+
+    reference = make()
+    uninterrupted = [_augmented(b) for _ in range(2) for b in reference]
+    got: list[list[list[int]]] = []
+    state = None
+    for stop in (5, 17):  # resumed at 5, checkpointed again at 17
+        loader = make()
+        if state is not None:
+            loader.load_state_dict(state)
+        for batch in loader:
+            got.append(_augmented(batch))
+            if len(got) == stop:
+                break
+        state = json.loads(json.dumps(loader.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    got += [_augmented(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
