@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import abc
 import atexit
+import dataclasses
 import logging
 import os
 import time
 import warnings
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import IterableDataset
 
 from fastload._datapipes import SharedSeed, is_datapipe, shard_in_process, sharding_worker_init
@@ -42,6 +43,7 @@ from fastload._engine import (
 )
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
 from fastload._options import LoaderOptions
+from fastload._resume import EpochProgress, SkipPositions
 from fastload._shard_traffic import ShardTraffic
 from fastload._types import Counts
 
@@ -100,10 +102,13 @@ class _BaseIterator(abc.ABC):
             concurrency=self._options.download_concurrency,
             capabilities=self._capabilities.dataset,
         )
-        self._base_seed = int(
-            torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        )
-        self._num_yielded = 0
+        self._base_seed = loader._draw_base_seed()
+        self.progress = EpochProgress()  # the loader keeps it: it outlives this iterator
+        # Out of order: the sampler positions of the batches next() is about to hand out, for
+        # the progress (see fastload/_resume.py); None in order.
+        self._positions: deque[int] | None = None if loader.in_order or loader.num_workers == 0 else deque()
+        # The workers' random states after the batches next() is about to hand out.
+        self._worker_rng: deque[tuple[int, Any]] = deque()
         self._owner_pid = os.getpid()
         self._start_shard_prefetch()
         self._logged_at = time.monotonic()
@@ -143,13 +148,30 @@ class _BaseIterator(abc.ABC):
             self._meter.begin_wait(started)  # a wait that delivered nothing: dropped
             if isinstance(exc, StopIteration):
                 self._end_epoch()
+            elif self._positions:  # a batch that failed: received, as an exception
+                self.progress.mark(self._positions.popleft())
             raise
-        self._num_yielded += 1
+        self.progress.delivered += 1
+        if self._positions is not None:
+            self.progress.mark(self._positions.popleft())
+        if self._worker_rng:
+            self._received_from_worker()
         if self._extras:
             self._after_batch()
         entry = self._meter.record(started, *counts)
         entry[0] = _clock()  # after record(): Python evaluates the right-hand side first
         return data
+
+    def _received_from_worker(self) -> None:
+        wid, states = self._worker_rng.popleft()
+        if states:  # () when unchanged since that worker's previous batch
+            self.progress.workers[wid] = states
+        self.progress.last_worker = wid
+
+    @property
+    def _num_yielded(self) -> int:
+        """Batches handed to the consumer this epoch (torch's name)."""
+        return self.progress.delivered
 
     def _after_batch(self) -> None:
         """What some loaders do as a batch is handed out: the progress bar, the logged stats,
@@ -216,6 +238,7 @@ class _BaseIterator(abc.ABC):
         self._shards.feed()
 
     def _end_epoch(self) -> None:
+        self.progress.finished = True
         self._stop_shard_prefetch()
         if self._bar is not None:
             self._bar.close()
@@ -251,7 +274,13 @@ class _BaseIterator(abc.ABC):
         self._sampler_iter = iter(self._index_sampler)
         if self._datapipe_seed is not None:
             self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
-        self._num_yielded = 0
+        previous, self.progress = self.progress, EpochProgress()
+        self.progress.base_seed = self._base_seed
+        # Persistent workers' states carry on; the round-robin restarts at worker 0, as torch's.
+        self.progress.workers = dict(previous.workers)
+        if self._positions is not None:
+            self._positions.clear()
+        self._worker_rng.clear()
         self._start_shard_prefetch()
         self._on_device = None
         self._epoch_ended = False
@@ -318,6 +347,11 @@ class WorkerIterator(_BaseIterator):
         self._host_extras = self._tuner is not None or self._pin
         self._last_fields: dict[str, Any] = {}
         self._report_final = _weakly(loader._on_shutdown)
+        resume = loader._take_worker_resume()
+        if resume is not None:
+            self._base_seed = resume[0]  # the interrupted epoch's (torch's draw was made)
+            self.progress.workers.update(resume[2])  # where the workers start from
+        self.progress.base_seed = self._base_seed
         self._runner_options = RunnerOptions(
             dataset=self._dataset,
             collate_fn=self._collate_fn,
@@ -337,6 +371,10 @@ class WorkerIterator(_BaseIterator):
             auto_workers=self._options.auto_workers,
             readahead=self._options.readahead,
             resolved=self._capabilities,
+            snapshot_rng=loader.in_order and self._fast_collate is None,
+            snapshot_dataset=loader._replicas_keep_position(),
+            resume_rng=None if resume is None else resume[2],
+            first_worker=0 if resume is None else resume[1],
         )
         self._runner = start_runner(self._runner_options, self._sampler_iter)
         if self._datapipe_seed is not None:
@@ -348,16 +386,26 @@ class WorkerIterator(_BaseIterator):
         if runner is None:
             raise StopIteration  # shut down after an error or at the end of the epoch
         try:
-            kind, value, counts = runner.get()
+            kind, value, counts, seq, worker = runner.get()
         except BaseException:
             if runner.closed:  # the runner ended the epoch: keep its last figures
                 self._shutdown()
             raise
+        if self._positions is not None and seq >= 0:
+            self._positions.append(self._position_of(seq))
+        if worker is not None:
+            self._worker_rng.append(worker)
         if kind is not OK:
             return self._not_a_batch(runner, kind, value)
         if self._host_extras:
             return self._host_extras_for(runner, value, counts)
         return value, counts or batch_counts(value)
+
+    def _position_of(self, seq: int) -> int:
+        """The position in the sampler's order of the iteration's ``seq``-th batch (a resumed
+        iteration out of order skips the positions received before the checkpoint)."""
+        sampler = self._index_sampler
+        return sampler.position_of(seq) if isinstance(sampler, SkipPositions) else seq
 
     def _not_a_batch(self, runner: Runner, kind: Kind, value: Any) -> tuple[Any, Counts]:
         if kind is DONE:
@@ -408,6 +456,8 @@ class WorkerIterator(_BaseIterator):
 
     def _reset(self, loader: DataLoader[Any], first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
+        # A later epoch starts where the workers stand, not where a loaded state had them.
+        self._runner_options = dataclasses.replace(self._runner_options, resume_rng=None, first_worker=0)
         if self._runner is None:
             self._runner = start_runner(self._runner_options, self._sampler_iter)
         else:

@@ -13,6 +13,8 @@ from fastload._capabilities import Capabilities, resolve, resolve_dataset
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
+from fastload._resume import EpochProgress, SkipPositions, worker_resume, worker_state
+from fastload._sampling._stateful import keeps_own_position, stateful_sampler
 from fastload._sampling._torch_resume import resumable_torch_sampler
 from fastload.errors import RebuiltLoaderWarning
 
@@ -172,9 +174,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._final_workers = 0
         self._epoch = 0
         self._loaded = False  # load_state_dict's position stands until set_epoch names an epoch
-        # The sampler's epoch when the last iterator began counting delivered batches (None
-        # after set_epoch or load_state_dict): its count is only of that epoch.
-        self._counted_epoch: int | None = None
+        # What the consumer received of the latest iteration (None after set_epoch or
+        # load_state_dict); held here because a loop's `break` drops the iterator.
+        self._progress: EpochProgress | None = None
+        # Out of order: (epoch, positions) received past the loaded position before the
+        # checkpoint, which the loaded epoch's iteration skips.
+        self._received_ahead: tuple[int, list[int]] | None = None
+        # The workers' part of a loaded state (their seeds and random states), with its
+        # epoch (None: the next iteration's) and whether its base seed replaces the draw: the
+        # loaded epoch's iterator starts its workers from it.
+        self._loaded_workers: tuple[int | None, dict[str, Any], bool] | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
@@ -200,9 +209,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             )
         if options.pack_length is None and (length_grouped or max_tokens is not None):
             batch_sampler = _length_grouped_sampler(
-                dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, options
+                dataset,
+                batch_size,
+                shuffle,
+                sampler,
+                batch_sampler,
+                drop_last,
+                max_tokens,
+                options,
+                _collate_rounding(collate_fn) if max_tokens is not None else 1,
             )
             batch_size, shuffle, drop_last = 1, None, False
+        _check_rounding(batch_sampler, collate_fn)
         super().__init__(
             dataset,
             batch_size,
@@ -222,8 +240,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        # torch's own samplers resume through a stand-in that yields exactly their items.
-        self._torch_resume = resumable_torch_sampler(super()._index_sampler)
+        # torch's own samplers, and samplers that keep their own position (torchdata's
+        # convention), resume through a stand-in that yields exactly their items.
+        index_sampler = super()._index_sampler
+        self._torch_resume = resumable_torch_sampler(index_sampler) or stateful_sampler(index_sampler)
         self._iterating = False  # True while __iter__ starts this loader's own iteration
         planned: Any = self.batch_sampler
         if _planned(planned):
@@ -329,13 +349,56 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def __iter__(self) -> Any:
         self._begin_epoch()
+        skip = self._skip_received_ahead()
         self._iterating = True
         try:
-            it = super().__iter__()
+            it = cast("InProcessIterator | WorkerIterator", super().__iter__())
         finally:
             self._iterating = False
-        self._counted_epoch = self._sampler_epoch()
+            self.__dict__.pop("_skipping", None)
+            self._loaded_workers = None  # taken by a new worker iterator, or of no use
+        self._progress = it.progress
+        self._progress.epoch = self._sampler_epoch()
+        if not self.in_order and self.num_workers > 0:
+            self._progress.track_positions(skip)
         return it
+
+    def _draw_base_seed(self) -> int:
+        """The workers' base seed for a new iterator: torch's draw (from ``generator``, else the
+        global generator), unless the loaded state continues persistent workers into a new
+        epoch, where the uninterrupted run's iterator made none."""
+        loaded = self._loaded_workers
+        if loaded is not None and loaded[2]:
+            return int(loaded[1]["base_seed"])
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+
+    def _take_worker_resume(self) -> tuple[int, int, dict[int, Any]] | None:
+        """For the iterator of a loaded epoch: the workers' base seed, the worker of the first
+        batch and each worker's random states, as the interrupted run had them after the last
+        batch received; ``None`` for any other epoch, or where the worker count changed (the
+        batches are the same, the randomness of the dataset's augmentation is not)."""
+        loaded, self._loaded_workers = self._loaded_workers, None
+        if loaded is None or (loaded[0] is not None and loaded[0] != self._sampler_epoch()):
+            return None
+        saved = loaded[1]
+        if int(saved["num_workers"]) != self.num_workers:
+            warnings.warn(
+                f"the loaded state was saved with num_workers={saved['num_workers']}, this loader "
+                f"has {self.num_workers}: the workers' random states are not restored, so random "
+                "augmentation in the dataset differs from the interrupted run's",
+                stacklevel=4,
+            )
+            return None
+        return worker_resume(saved)
+
+    def _skip_received_ahead(self) -> list[int]:
+        """Positions of the loaded epoch received out of order before the checkpoint: the
+        iterator about to be made skips them (through ``_index_sampler``), once."""
+        received, self._received_ahead = self._received_ahead, None
+        if received is None or received[0] != self._sampler_epoch():
+            return []
+        self.__dict__["_skipping"] = SkipPositions(self._index_sampler, received[1])
+        return received[1]
 
     # -- statistics ---------------------------------------------------------------------------
     def stats(self, scope: str = "run") -> LoaderStats:
@@ -362,6 +425,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _index_sampler(self) -> Any:
         """What the iterator draws indices from: torch's choice (``batch_sampler``, or
         ``sampler`` without auto-collation), or its resumable stand-in for torch's own samplers."""
+        skipping = self.__dict__.get("_skipping")
+        if skipping is not None:
+            return skipping
         stand_in = self.__dict__.get("_torch_resume")
         return stand_in if stand_in is not None else super()._index_sampler
 
@@ -374,7 +440,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         beginning. The sampler's own ``set_epoch`` is called too (a ``DistributedSampler``'s
         included)."""
         self._epoch = int(epoch)
-        self._loaded, self._counted_epoch = False, None
+        self._loaded, self._progress = False, None
+        if self._received_ahead is not None and self._received_ahead[0] != self._epoch:
+            self._received_ahead = None
+        if self._loaded_workers is not None and self._loaded_workers[0] not in (None, self._epoch):
+            self._loaded_workers = None
         sampler = self._resumable()
         if sampler is not None and hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self._epoch)
@@ -393,23 +463,104 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: batches the consumer received count as consumed;
-        batches prefetched by workers but not yet received do not. Right after
-        :meth:`load_state_dict` it is the loaded position. JSON-able."""
+        batches prefetched by workers but not yet received do not. It may be taken while
+        iterating or after the loop was left (``break``); after a loop that ran to the end of
+        its epoch, loading it starts the next epoch. Right after :meth:`load_state_dict` it is
+        the loaded position. JSON-able."""
+        if self._own_position_dataset():
+            return self._iterable_state()
         sampler = self._resumable_for("state_dict()")
-        it = self._last_iterator()
-        counting = self._counted_epoch is not None and self._counted_epoch == self._sampler_epoch()
-        consumed = it._num_yielded if it is not None and counting else 0
-        return {"sampler": sampler.state_dict(batches_consumed=consumed)}
+        progress = self._progress
+        if progress is None or progress.epoch != self._sampler_epoch():
+            progress = EpochProgress()  # nothing received of the sampler's current epoch
+        state: dict[str, Any] = {"sampler": sampler.state_dict(batches_consumed=progress.consumed)}
+        if progress.finished:
+            state["epoch_finished"] = True
+        ahead = progress.received_ahead()
+        if self._progress is None and self._received_ahead is not None:
+            ahead = list(self._received_ahead[1])  # loaded, not yet iterated
+        if ahead:
+            state["received_ahead"] = ahead
+        if self._loaded_workers is not None:
+            state["workers"] = self._loaded_workers[1]  # loaded, not yet iterated
+        elif (
+            progress.base_seed is not None
+            and self.num_workers > 0
+            and (not progress.finished or self.persistent_workers)  # carried into the next epoch
+        ):
+            state["workers"] = worker_state(progress, self.num_workers)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` continues the saved epoch with exactly the batches an
-        uninterrupted run would have produced, also after ``set_epoch`` with the saved epoch.
-        The state is loaded into the sampler at once, so a state saved with other settings
-        raises ``ValueError`` here, and ``len(loader)`` counts the batches left."""
+        uninterrupted run would have produced, also after ``set_epoch`` with the saved epoch;
+        a state saved after its epoch ended starts the next epoch. The state is loaded into the
+        sampler at once, so a state saved with other settings raises ``ValueError`` here, and
+        ``len(loader)`` counts the batches left."""
+        if self._own_position_dataset():
+            self._load_iterable_state(state)
+            return
         sampler = self._resumable_for("load_state_dict()")
         sampler.load_state_dict(dict(state["sampler"]))
         self._epoch = getattr(sampler, "epoch", self._epoch)
-        self._loaded, self._counted_epoch = True, None
+        self._loaded, self._progress = True, None
+        ahead = [int(p) for p in state.get("received_ahead", ())]
+        self._received_ahead = (self._sampler_epoch(), ahead) if ahead else None
+        workers = state.get("workers")
+        self._loaded_workers = None if workers is None else (self._sampler_epoch(), dict(workers), False)
+        if state.get("epoch_finished", False):
+            self._finish_loaded_epoch()
+            if workers is not None and self.persistent_workers:
+                # The uninterrupted run's workers went on into the next epoch with the same
+                # seed (its iterator made no new draw): so does the resumed one.
+                self._loaded_workers = (None, dict(workers), True)
+
+    def _finish_loaded_epoch(self) -> None:
+        """The loaded epoch had ended: run its (empty) rest now, so that the sampler stands
+        where the uninterrupted run's stood after its loop (a generator has made the epoch's
+        draws), and the next ``iter()`` starts the following epoch."""
+        progress = EpochProgress(self._sampler_epoch())
+        self._iterating = True
+        try:
+            for _ in self._index_sampler:
+                progress.delivered += 1  # none, unless the sampler was given another length
+        finally:
+            self._iterating = False
+        progress.finished = True
+        self._loaded, self._progress = False, progress
+        self._epoch = progress.epoch + 1
+
+    def _own_position_dataset(self) -> bool:
+        """Whether the dataset is an ``IterableDataset`` that keeps its own position (torchdata's
+        ``state_dict()``/``load_state_dict()``): then the loader saves and loads its state (with
+        workers, each worker's replica's, as it stood after the last batch received from it)."""
+        return isinstance(self.dataset, torch.utils.data.IterableDataset) and keeps_own_position(self.dataset)
+
+    def _replicas_keep_position(self) -> bool:
+        """Whether each worker sends its iterable dataset replica's own state with its batches."""
+        return self.num_workers > 0 and self.in_order and self._own_position_dataset()
+
+    def _iterable_state(self) -> dict[str, Any]:
+        if self.num_workers == 0:
+            return {"dataset": cast(Any, self.dataset).state_dict()}
+        if not self.in_order:
+            raise TypeError(
+                f"state_dict() of a loader over {type(self.dataset).__name__} (an IterableDataset "
+                "with its own state) needs in_order=True with workers: out of order, which "
+                "worker's batches were received cannot be replayed"
+            )
+        progress = self._progress
+        if self._loaded_workers is not None:
+            return {"dataset_workers": self._loaded_workers[1]}  # loaded, not yet iterated
+        if progress is None or progress.base_seed is None or progress.finished:
+            return {"dataset_workers": None}  # the next iteration starts from the dataset itself
+        return {"dataset_workers": worker_state(progress, self.num_workers)}
+
+    def _load_iterable_state(self, state: dict[str, Any]) -> None:
+        if "dataset" in state:
+            cast(Any, self.dataset).load_state_dict(state["dataset"])
+        workers = state.get("dataset_workers")
+        self._loaded_workers = None if workers is None else (-1, dict(workers), False)
 
     def _resumable(self) -> Any | None:
         """The index sampler that saves and loads positions, if there is one."""
@@ -433,7 +584,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise TypeError(
                 f"{action} cannot resume a loader over an IterableDataset "
                 f"({type(self.dataset).__name__}): no sampler decides its order, so its position "
-                "must be kept by the dataset itself"
+                "must be kept by the dataset itself: give it state_dict() and "
+                "load_state_dict(state) (torchdata's convention)"
             )
         used: Any = self._index_sampler
         inner = used.sampler if type(used) is torch.utils.data.BatchSampler else None
@@ -574,6 +726,7 @@ def _length_grouped_sampler(
     drop_last: bool,
     max_tokens: int | None,
     options: LoaderOptions,
+    rounding: int,
 ) -> Any:
     from fastload._sampling import LengthGroupedBatchSampler
 
@@ -588,5 +741,42 @@ def _length_grouped_sampler(
         shuffle=True if shuffle is None else bool(shuffle),
         seed=options.seed,
         drop_last=drop_last,
+        pad_to_multiple_of=rounding if max_tokens is not None and rounding > 1 else None,
         **_shard_window(dataset, options),
     )
+
+
+def _collate_rounding(collate: Any) -> int:
+    """The multiple the collate rounds padded lengths up to (``RoundingCollate``), 1 for none:
+    what a ``max_tokens`` plan must count, so that the budget holds for the shape built."""
+    from fastload._protocols import RoundingCollate
+
+    if not isinstance(collate, RoundingCollate):
+        return 1
+    multiple = collate.pad_to_multiple_of
+    if multiple is None:
+        return 1
+    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
+        raise TypeError(
+            f"collate_fn {type(collate).__name__}.pad_to_multiple_of must be a positive int or "
+            f"None (the multiple it rounds padded lengths up to); got {multiple!r}"
+        )
+    return multiple
+
+
+def _check_rounding(batch_sampler: Any, collate: Any) -> None:
+    """A length-grouped ``batch_sampler`` with a budget must plan for padded lengths at least
+    as coarse as the collate's, or its batches would exceed ``max_tokens``."""
+    from fastload._sampling import LengthGroupedBatchSampler
+
+    if not isinstance(batch_sampler, LengthGroupedBatchSampler) or batch_sampler.max_tokens is None:
+        return
+    rounding = _collate_rounding(collate)
+    planned = batch_sampler.pad_to_multiple_of or 1
+    if planned % rounding:
+        raise ValueError(
+            f"the batch_sampler plans max_tokens={batch_sampler.max_tokens} for lengths padded "
+            f"to a multiple of {planned}, but collate_fn pads to pad_to_multiple_of={rounding}: "
+            f"its batches would exceed the budget; build the sampler with "
+            f"pad_to_multiple_of={rounding}"
+        )

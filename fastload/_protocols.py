@@ -271,6 +271,15 @@ class ProcessIndependentCollate(Protocol):
     """A slot collate whose output is a function of the columnar batch alone."""
 
     process_independent: bool
+@runtime_checkable
+class RoundingCollate(Protocol):
+    """A collate that pads each batch's ragged fields to the batch's longest row rounded up to
+    a multiple. The loader passes the multiple to a ``max_tokens`` plan, which then counts
+    ``rows * round_up(longest, multiple)`` against the budget: the shape the collate builds.
+    ``None`` or 1 means no rounding (Hugging Face's padding collators name it the same way)."""
+
+    @property
+    def pad_to_multiple_of(self) -> int | None: ...
 
 
 __all__ = [
@@ -294,6 +303,7 @@ __all__ = [
     "ProcessIndependentReader",
     "ReadsInPlace",
     "RemoteReader",
+    "RoundingCollate",
     "SlotCollate",
     "SpanCollate",
     "TooLarge",

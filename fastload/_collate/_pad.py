@@ -151,6 +151,11 @@ class PadCollate:
         # Column signature (name, kind, stored dtype per column) -> what is fixed for it.
         self._schemas: dict[tuple[tuple[str, type, np.dtype | None], ...], _Schema] = {}
 
+    @property
+    def pad_to_multiple_of(self) -> int | None:
+        """The multiple padded lengths are rounded up to (``fastload._protocols.RoundingCollate``)."""
+        return None if self._multiple == 1 else self._multiple
+
     # -- the two halves of the zero-copy path -----------------------------------------------
 
     #: The output is a function of the columnar batch alone (``fastload._protocols``). A

@@ -85,7 +85,7 @@ class SlotBuilder:
     @staticmethod
     def result_bytes(reply: Reply) -> bytes:
         """The worker's reply as bytes."""
-        epoch, seq, kind, payload, busy_s, read_s, storage = reply
+        epoch, seq, kind, payload, busy_s, read_s, storage = reply[:7]
         if kind != OK or not isinstance(payload, SlotBatch):
             return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
         rows, real, padded = payload.counts or (UNKNOWN, None, None)

@@ -70,6 +70,7 @@ class Engine:
         self._restartable = restartable
         self._codec: Codec = codec or GenericCodec()
         self._stale: dict[tuple[int, int], tuple[int, Task]] = {}  # (epoch, seq) -> (worker, task)
+        self._rng_after: dict[int, tuple[int, Any]] = {}  # seq -> (worker, its random states)
         self._dispatch = Dispatcher(
             num_workers, max_tasks=max_tasks, in_order=in_order, max_deaths=MAX_DEATHS
         )
@@ -118,10 +119,16 @@ class Engine:
         for wid, task in self._dispatch.reactivate_all():
             self._stale[(self.epoch, task.seq)] = (wid, task)
         self.epoch += 1
+        self._rng_after.clear()
         self._reorder = ReorderBuffer(in_order=self._reorder.in_order)
         self._next_seq = 0
         for wid in range(self._dispatch.num_workers):
             self._pool.send(wid, Resume(self.epoch, shared_seed))
+
+    def dispatch_from(self, worker_id: int) -> None:
+        """The next task goes to ``worker_id``, the round-robin continuing from it (a resumed
+        epoch gives each batch to the worker that built it in the interrupted run)."""
+        self._dispatch.start_at(worker_id)
 
     def put(self, index: Any) -> bool:
         """Dispatch one task; ``False`` when no worker is active to take it."""
@@ -230,9 +237,9 @@ class Engine:
         assert item is not None
         kind, task, payload = item
         if kind is FAILED:
-            return Delivery(FAILED, rebuild_exception(payload, task.seq), None)
+            return Delivery(FAILED, rebuild_exception(payload, task.seq), None, task.seq)
         batch, counts = self._codec.deliver(task.index, payload)
-        return Delivery(OK, batch, counts)
+        return Delivery(OK, batch, counts, task.seq, self._rng_after.pop(task.seq, None))
 
     def watch(self) -> tuple[int, list[int]]:
         """What to block on until :meth:`collect` has something to do, and the generation of
@@ -241,7 +248,7 @@ class Engine:
         return self._pool.generation, fds
 
     def _on_result(self, wid: int, msg: Reply, refill: Callable[[], None]) -> None:
-        epoch, seq, kind, payload, busy_s, read_s, storage = msg
+        epoch, seq, kind, payload, busy_s, read_s, storage = msg[:7]
         self.busy_total_s += busy_s
         self.busy_s[wid] += busy_s
         if read_s is not None:
@@ -266,6 +273,8 @@ class Engine:
             self._codec.drop(task.index)
             self._reorder.push(seq, (FAILED, task, payload))
         else:
+            if msg.rng is not None:
+                self._rng_after[seq] = (wid, msg.rng)
             self._accept(wid, task, payload)
         if self._dispatch.retirements:  # only now: _accept may have sent the task to wid again
             self._leave_if_drained(wid)

@@ -31,6 +31,7 @@ class GenericRunner(RunnerBase):
         self._skip_refills = 0  # after a worker retires: fewer tasks in flight
         self._final: dict[str, Any] | None = None
         self._engine = start_engine(options, SpecFactory(worker_spec(options, None), options.host), None, None)
+        self._engine.dispatch_from(options.first_worker)
         self._prime()
 
     def _prime(self) -> None:

@@ -51,16 +51,26 @@ class Reply(NamedTuple):
     busy_s: float
     read_s: float | None
     storage: StorageCounts | None = None
+    #: The worker's state right after building the batch (the generic path, when the loader
+    #: keeps it for resume: ``_worker.snapshot``), ``()`` where it is the one it sent last;
+    #: ``None`` otherwise.
+    rng: Any = None
 
 
 class Delivery(NamedTuple):
     """What the engine hands the consumer next: ``(OK, batch, counts)``, ``(FAILED,
     exception, None)`` (the epoch goes on after it), ``(ERROR, exception, None)`` or ``(DONE,
-    None, None)``. ``counts`` is ``None`` where the payload does not say them."""
+    None, None)``. ``counts`` is ``None`` where the payload does not say them; ``seq`` is the
+    batch's position in the epoch's sampler order (-1 for ``ERROR`` and ``DONE``), which out of
+    order tells a resume which batches were received."""
 
     kind: Kind
     value: Any
     counts: Counts | None
+    seq: int = -1
+    #: ``(worker id, its state right after building this batch)`` where the loader keeps it
+    #: for resume (``()``: unchanged since the last batch it built), else ``None``.
+    worker: tuple[int, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -347,7 +347,7 @@ class Pump:
             self._push_all(
                 [
                     item if item.counts is not None or item.kind is not OK
-                    else Delivery(OK, item.value, counts(item.value))
+                    else item._replace(counts=counts(item.value))
                     for item in items
                 ]
             )

@@ -66,6 +66,14 @@ class RunnerOptions:
     #: Workers tell the kernel which byte ranges the tasks queued behind their current one read
     #: (``willneed``, ``fastload._protocols``), so that a cold disk reads them ahead.
     readahead: bool = False
+    #: The generic path's workers send their random states with each batch (``Delivery.worker``).
+    snapshot_rng: bool = False
+    #: With it, each worker's iterable dataset replica's own state (it has ``state_dict``).
+    snapshot_dataset: bool = False
+    #: A resumed epoch: the workers' random states to start from (``WorkerSpec.resume_rng``),
+    #: and the worker the first task goes to.
+    resume_rng: dict[int, Any] | None = None
+    first_worker: int = 0
     #: What the engine may use of the dataset and the collate, as the loader resolved them
     #: (``fastload._capabilities``); ``None``: resolved here, from the two.
     resolved: Capabilities | None = None

@@ -75,6 +75,10 @@ class Dispatcher:
                 return wid
         return None
 
+    def start_at(self, worker_id: int) -> None:
+        """Continue the round-robin cycle at ``worker_id``."""
+        self._cursor = worker_id % self.num_workers
+
     def _active(self) -> int:
         return sum(book.active for book in self._books)
 

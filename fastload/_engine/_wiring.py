@@ -53,6 +53,9 @@ def worker_spec(options: RunnerOptions, builder: SlotBuilder | None) -> WorkerSp
         builder=builder,
         readahead=options.readahead,
         capabilities=options.capabilities.dataset,
+        snapshot_rng=options.snapshot_rng and builder is None,
+        snapshot_dataset=options.snapshot_dataset and builder is None,
+        resume_rng=options.resume_rng,
     )
 
 

@@ -322,7 +322,9 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
                 if reader is None:
                     if self._remote is not None:
                         self._make_room_to_open(process)
-                    reader = process.readers[shard] = self._open_shard(shard, process.cache)
+                    reader = self._open_shard(shard, process.cache)
+                    self._check_indexed_lengths(shard, reader)
+                    process.readers[shard] = reader
         if self._remote is not None and shard in process.local:
             process.local.move_to_end(shard, last=True)
         return reader

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._formats._prefetch import ShardPrefetcher
-from fastload._formats._remote_source import RemoteSource
+from fastload._formats._remote_source import RemoteSource, check_lengths_as_indexed
 from fastload._types import Column, StorageCounts
 
 #: Remote shards one process keeps open at most: the least recently read is closed first.
@@ -29,6 +29,8 @@ class RemoteShards:
     #: Where the shards of a remote dataset come from (``None``: local files).
     _remote: RemoteSource | None
     _process: Any  # the reader's per-process state (``_process.ProcessState``)
+    _length_field: str | None
+    _shard_starts: npt.NDArray[np.int64]
 
     if TYPE_CHECKING:
 
@@ -78,6 +80,18 @@ class RemoteShards:
         if self._remote is None:
             return None
         return ShardPrefetcher(self, batches, consumed, concurrency=concurrency)
+
+    def _check_indexed_lengths(self, shard: int, reader: Any) -> None:
+        """A remote shard just opened: its lengths must be those its index planned with."""
+        field = self._length_field
+        if self._remote is None or field is None:
+            return
+        first = int(self._shard_starts[shard])
+        try:
+            check_lengths_as_indexed(self._remote.urls[shard], first, reader.lengths(field), self)
+        except BaseException:
+            reader.close()  # never stored: nothing else would close it
+            raise
 
     def _make_room_to_open(self, process: Any) -> None:
         """Close the least recently read remote shards past :data:`MAX_OPEN_REMOTE_SHARDS`."""

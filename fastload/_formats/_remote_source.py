@@ -21,6 +21,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fastload._formats._discover_remote import cached_derived_index, derived_index
 from fastload._remote import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload._remote._cache import ShardCache, parse_size
@@ -310,6 +312,24 @@ def check_as_indexed(url: str, fields: Mapping[str, Field], samples: int, datase
         raise DataFormatError(
             f"{url}: holds {samples} samples of fields {dict(fields)}, but its index says "
             f"{expected} of {dataset.fields}; write the index again (`fastload index`)"
+        )
+
+
+def check_lengths_as_indexed(url: str, first_sample: int, stored: Any, dataset: Any) -> None:
+    """Raise unless the lengths ``stored`` in a shard fetched from ``url`` (its samples from
+    ``first_sample`` on, computed from the shard's offsets) are those its index lists: the
+    index's lengths plan every batch, so a disagreement would break the token budget
+    without a word."""
+    stored = np.asarray(stored, dtype=np.int64)
+    indexed = dataset._remote.index.lengths[first_sample : first_sample + stored.size]
+    wrong = np.flatnonzero(indexed != stored)
+    if wrong.size:
+        row = int(wrong[0])
+        raise DataFormatError(
+            f"{url}: sample {first_sample + row} (row {row} of the shard): the index says "
+            f"{int(indexed[row])} elements of {dataset._length_field!r} but the shard holds "
+            f"{int(stored[row])} ({wrong.size} of its {stored.size} lengths differ); write the "
+            "index again (`fastload index`)"
         )
 
 

@@ -71,6 +71,11 @@ class CausalLMCollate:
     def field(self) -> str:
         return self._field
 
+    @property
+    def pad_to_multiple_of(self) -> int | None:
+        """The multiple padded lengths are rounded up to (``fastload._protocols.RoundingCollate``)."""
+        return self._pad.pad_to_multiple_of
+
     def prepare(self, batch: Mapping[str, Any]) -> _WithLabels:
         """The padded batch planned once, plus its ``labels`` (``fastload._protocols``)."""
         return _WithLabels(self._pad.prepare(batch), self._field, self._label_pad)

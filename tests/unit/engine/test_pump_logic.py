@@ -78,7 +78,7 @@ def _serve(pool: FakePool, seq: int, epoch: int = 0) -> None:
 
 def _ok(k: int, epoch: int = 0) -> Delivery:
     index = batch_indices(k, epoch)
-    return Delivery(OK, index, Counts(len(index)))
+    return Delivery(OK, index, Counts(len(index)), k)
 
 
 def _pump_threads() -> list[threading.Thread]:
