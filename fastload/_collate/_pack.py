@@ -18,6 +18,7 @@ import numpy.typing as npt
 import torch
 
 from fastload._capabilities import dataset_fields
+from fastload._collate._call import collate_to_tensors
 from fastload._collate._checks import (
     Scalar,
     batch_size,
@@ -213,25 +214,7 @@ class PackCollate:
         """Pack a batch (see the class text) into a dict of tensors (and lists for object
         fields)."""
         columnar = batch if isinstance(batch, Mapping) else self._columnar(batch)
-        prepared = self.prepare(columnar)
-        cls = type(self)
-        # A subclass's own layout or collate_into is what the fast path calls: so does this.
-        own = cls.layout is not PackCollate.layout or cls.collate_into is not PackCollate.collate_into
-        layout = self.layout(columnar) if own else prepared.layout
-        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
-        if own:
-            self.collate_into(columnar, arrays)
-        else:
-            prepared.fill(arrays)
-        result: dict[str, Any] = {}
-        for name, column in prepared.columns.items():  # the batch's field order
-            result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
-        for name in GENERATED:
-            result[name] = torch.from_numpy(arrays[name])
-        for name, array in arrays.items():  # then what a subclass's layout adds
-            if name not in result:
-                result[name] = torch.from_numpy(array)
-        return result
+        return collate_to_tensors(self, PackCollate, columnar, self.prepare(columnar), GENERATED)
 
     # -- planning one batch --------------------------------------------------------------------
 

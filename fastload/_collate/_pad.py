@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from fastload._collate._call import collate_to_tensors
 from fastload._collate._checks import (
     Scalar,
     batch_size,
@@ -203,23 +204,7 @@ class PadCollate:
         columnar = (
             batch if isinstance(batch, Mapping) else samples_to_columnar(batch, ragged=self._ragged)
         )
-        prepared = self.prepare(columnar)
-        cls = type(self)
-        # A subclass's own layout or collate_into is what the fast path calls: so does this.
-        own = cls.layout is not PadCollate.layout or cls.collate_into is not PadCollate.collate_into
-        layout = self.layout(columnar) if own else prepared.layout
-        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in layout.items()}
-        if own:
-            self.collate_into(columnar, arrays)
-        else:
-            prepared.fill(arrays)
-        result: dict[str, Any] = {}
-        for name, column in prepared.columns.items():  # keep the batch's field order
-            result[name] = column if isinstance(column, list) else torch.from_numpy(arrays[name])
-        for name, array in arrays.items():  # then the generated masks and lengths
-            if name not in result:
-                result[name] = torch.from_numpy(array)
-        return result
+        return collate_to_tensors(self, PadCollate, columnar, self.prepare(columnar))
 
     def single_field(self, name: str, column: Ragged | Spans) -> SingleField | None:
         """How batches made of ``column`` alone (the ragged field ``name``) are written, for a
