@@ -226,7 +226,7 @@ class _BaseIterator(abc.ABC):
         shards to the local disk ahead of the workers (``_formats/_prefetch.py``)."""
         if self._shards.remote and os.getpid() == self._owner_pid:
             upcoming = getattr(self._index_sampler, "upcoming", None)
-            self._shards.start(upcoming() if upcoming else None, lambda: self._num_yielded)
+            self._shards.start(upcoming() if upcoming else None, _consumed_weakly(self))
 
     def _stop_shard_prefetch(self) -> None:
         if self._shards.remote and os.getpid() == self._owner_pid:
@@ -497,6 +497,20 @@ def _weakly(method: Any) -> Any:
             bound(*args)
 
     return call
+
+
+def _consumed_weakly(iterator: _BaseIterator) -> Any:
+    """The batches ``iterator`` has yielded, for the shard prefetcher's thread, without keeping
+    the iterator alive: a thread that held it would keep it, its workers and their slots after
+    the loop that used it let go (a ``break``, an error), since only its collection stops the
+    prefetcher. 0 once it is gone (it stopped the prefetcher then)."""
+    ref = weakref.ref(iterator)
+
+    def consumed() -> int:
+        it = ref()
+        return 0 if it is None else it._num_yielded
+
+    return consumed
 
 
 def _memory_ok() -> bool:
