@@ -108,6 +108,19 @@ def test_a_state_saved_at_the_end_of_an_epoch_starts_the_next(h5: Path, num_work
     assert [_ids(b) for b in resumed] == epoch1
 
 
+def _resumed_through_own_state(make: Any, k: int | None) -> list[list[int]]:
+    """The batches taken before a checkpoint at ``k`` (see :func:`_checkpoint_at`) and two epochs
+    of a fresh loader resumed from it, checked against three uninterrupted epochs; returned."""
+    reference = make()
+    uninterrupted = [_ids(b) for _ in range(3) for b in reference]
+    taken, state = _checkpoint_at(make(), k)
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = taken + [_ids(b) for _ in range(2) for b in resumed]
+    assert got == uninterrupted[: len(got)]
+    return got
+
+
 class OwnPositionSampler(torch.utils.data.Sampler[int]):
     """A sampler that keeps its own position, in torchdata's convention: a seeded permutation
     per epoch, ``state_dict()`` the epoch and the items its iterator yielded; loading a state
@@ -146,13 +159,7 @@ def test_a_sampler_with_its_own_state_resumes_through_it(num_workers: int, k: in
     def make() -> fastload.DataLoader:
         return fastload.DataLoader(Numbers(), batch_size=8, sampler=OwnPositionSampler(N, 4), num_workers=num_workers)
 
-    reference = make()
-    uninterrupted = [_ids(b) for _ in range(3) for b in reference]
-    taken, state = _checkpoint_at(make(), k)
-    resumed = make()
-    resumed.load_state_dict(state)
-    got = taken + [_ids(b) for _ in range(2) for b in resumed]
-    assert got == uninterrupted[: len(got)]
+    got = _resumed_through_own_state(make, k)
     assert len(got) >= 2 * 12
 
 
@@ -189,13 +196,7 @@ def test_an_iterable_dataset_with_its_own_state_resumes_through_it(num_workers: 
     def make() -> fastload.DataLoader:
         return fastload.DataLoader(OwnPositionStream(N), batch_size=8, num_workers=num_workers)
 
-    reference = make()
-    uninterrupted = [_ids(b) for _ in range(3) for b in reference]
-    taken, state = _checkpoint_at(make(), k)
-    resumed = make()
-    resumed.load_state_dict(state)
-    got = taken + [_ids(b) for _ in range(2) for b in resumed]
-    assert got == uninterrupted[: len(got)]
+    _resumed_through_own_state(make, k)
 
 
 def test_an_iterable_dataset_without_state_keeps_the_clear_error() -> None:
