@@ -20,15 +20,23 @@ from fastload._protocols import (
     AdvisesReads,
     BoundedCollate,
     CheckedMapReader,
+    CountsSkipped,
     CountsStorage,
+    FollowsLoaderEpoch,
+    GetsItems,
+    KeepsEpoch,
     MapsRagged,
     OneCallCollate,
+    PlansAhead,
     PrefetchesShards,
     PreparingCollate,
     ProcessIndependentCollate,
     ProcessIndependentReader,
     ReadsInPlace,
     RemoteReader,
+    RoundingCollate,
+    SaysBatchSize,
+    SaysTokenBudget,
     SlotCollate,
     SpanCollate,
 )
@@ -56,6 +64,8 @@ class DatasetCapabilities:
     #: ``check_mapped()``: whether a file it has memory-mapped has shrunk since (a one-call
     #: build reads the map without calling the dataset, so the engine asks first).
     check_mapped: bool = False
+    #: A ``__getitems__`` that can be called: torch's per-sample path reads a batch with it.
+    getitems: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,30 @@ class CollateCapabilities:
     max_layout: bool = False
     takes_spans: bool = False
     process_independent: bool = False
+    #: The multiple it pads ragged fields up to (:class:`~fastload._protocols.RoundingCollate`),
+    #: ``None`` for none.
+    pad_to_multiple_of: int | None = None
+    #: Why its ``pad_to_multiple_of`` cannot be used (not a positive int), else ``None``: an
+    #: error where a ``max_tokens`` plan needs the multiple.
+    rounding_error: str | None = None
+
+
+@dataclass(frozen=True)
+class SamplerCapabilities:
+    """What the loader and the engine may use of the index sampler (see
+    :mod:`fastload._protocols`)."""
+
+    #: ``False`` for a sampler whose own epoch decides (the loader does not move it).
+    follows_loader_epoch: bool = True
+    #: An int ``epoch``, read back after ``set_epoch`` and ``load_state_dict``.
+    epoch: bool = False
+    #: ``upcoming()``: the batches not yet drawn this epoch.
+    upcoming: bool = False
+    #: An int ``skipped``: samples the plan leaves out.
+    skipped: bool = False
+    #: The most samples of a batch and the token budget, where the sampler says them.
+    batch_size: int | None = None
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +114,7 @@ class Capabilities:
 
     dataset: DatasetCapabilities = DatasetCapabilities()
     collate: CollateCapabilities = CollateCapabilities()
+    sampler: SamplerCapabilities = SamplerCapabilities()
 
     @property
     def fast_path(self) -> bool:
@@ -92,6 +127,34 @@ def _flag(obj: Any, name: str) -> bool:
     """``True`` only where the attribute is the boolean ``True`` (numpy's included)."""
     value = getattr(obj, name, False)
     return isinstance(value, (bool, np.bool_)) and bool(value)
+
+
+def _int(obj: Any, name: str) -> int | None:
+    """The attribute where it is an int (numpy's included; not a bool), else ``None``."""
+    try:
+        value = getattr(obj, name, None)
+    except Exception:  # a property that cannot say
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return None
+    return int(value)
+
+
+def has_lengths(dataset: Any) -> bool:
+    """Whether ``dataset`` has ``lengths`` (tokens per sample), which a plan of its batches by
+    length needs (an explicit option's requirement, not a capability)."""
+    return _has(dataset, "lengths")
+
+
+def reads_batches(dataset: Any) -> bool:
+    """Whether ``dataset`` reads batches: a ``read_batch`` that can be called, and ``lengths``.
+    The one test of it (a :class:`~fastload._protocols.BatchReader` has ``fields`` too)."""
+    if isinstance(dataset, IterableDataset):
+        return False
+    try:
+        return callable(getattr(dataset, "read_batch", None)) and _has(dataset, "lengths")
+    except Exception:  # a property that cannot say
+        return False
 
 
 def dataset_fields(dataset: Any) -> Mapping[str, Field] | None:
@@ -111,9 +174,9 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
     if isinstance(dataset, IterableDataset):
         return DatasetCapabilities()
     fields = dataset_fields(dataset)
-    reads_batches = callable(getattr(dataset, "read_batch", None)) and _has(dataset, "lengths")
+    batches = reads_batches(dataset)
     # BatchReader's members, ``__len__`` aside: a reader driven by a batch sampler needs none.
-    reader = reads_batches and fields is not None
+    reader = batches and fields is not None
     in_place = (
         reader
         and isinstance(dataset, ReadsInPlace)
@@ -122,7 +185,7 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
     )
     return DatasetCapabilities(
         batch_reader=reader,
-        reads_batches=reads_batches,
+        reads_batches=batches,
         fields=fields,
         remote=isinstance(dataset, RemoteReader) and _flag(dataset, "remote") and callable(dataset.storage_counts),
         storage_counts=isinstance(dataset, CountsStorage) and callable(dataset.storage_counts),
@@ -133,15 +196,17 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
         reads_in_place=in_place,
         mapped_ragged=in_place and isinstance(dataset, MapsRagged) and callable(dataset.mapped_ragged),
         check_mapped=isinstance(dataset, CheckedMapReader) and callable(dataset.check_mapped),
+        getitems=isinstance(dataset, GetsItems) and callable(dataset.__getitems__),
     )
 
 
 def resolve_collate(collate: Any) -> CollateCapabilities:
     """The capabilities of ``collate`` (see the module text and :class:`CollateCapabilities`)."""
+    multiple, rounding_error = _rounding(collate)
     if not (
         isinstance(collate, SlotCollate) and callable(collate.layout) and callable(collate.collate_into)
     ):
-        return CollateCapabilities()
+        return CollateCapabilities(pad_to_multiple_of=multiple, rounding_error=rounding_error)
     cls = type(collate)
     slot = _below(cls, "layout", "__call__") and _below(cls, "collate_into", "__call__")
     prepare = (
@@ -158,12 +223,50 @@ def resolve_collate(collate: Any) -> CollateCapabilities:
         max_layout=isinstance(collate, BoundedCollate) and callable(collate.max_layout),
         takes_spans=isinstance(collate, SpanCollate) and _flag(collate, "takes_spans"),
         process_independent=isinstance(collate, ProcessIndependentCollate) and _flag(collate, "process_independent"),
+        pad_to_multiple_of=multiple,
+        rounding_error=rounding_error,
     )
 
 
-def resolve(dataset: Any, collate: Any) -> Capabilities:
-    """The capabilities of the pair the engine reads and collates with."""
-    return Capabilities(resolve_dataset(dataset), resolve_collate(collate))
+def _rounding(collate: Any) -> tuple[int | None, str | None]:
+    """The multiple a :class:`~fastload._protocols.RoundingCollate` pads up to (``None`` for
+    none), or why what it holds is not one."""
+    if not isinstance(collate, RoundingCollate):
+        return None, None
+    multiple = collate.pad_to_multiple_of
+    if multiple is None:
+        return None, None
+    if isinstance(multiple, (bool, np.bool_)) or not isinstance(multiple, (int, np.integer)) or multiple < 1:
+        return None, (
+            f"collate_fn {type(collate).__name__}.pad_to_multiple_of must be a positive int or "
+            f"None (the multiple it rounds padded lengths up to); got {multiple!r}"
+        )
+    return (int(multiple) if multiple > 1 else None), None
+
+
+def resolve_sampler(sampler: Any) -> SamplerCapabilities:
+    """The capabilities of the index ``sampler`` (see :class:`SamplerCapabilities`)."""
+    follows = not isinstance(sampler, FollowsLoaderEpoch) or _said(sampler, "follows_loader_epoch", True)
+    return SamplerCapabilities(
+        follows_loader_epoch=follows,
+        epoch=isinstance(sampler, KeepsEpoch) and _int(sampler, "epoch") is not None,
+        upcoming=isinstance(sampler, PlansAhead) and callable(sampler.upcoming),
+        skipped=isinstance(sampler, CountsSkipped) and _int(sampler, "skipped") is not None,
+        batch_size=_int(sampler, "batch_size") if isinstance(sampler, SaysBatchSize) else None,
+        max_tokens=_int(sampler, "max_tokens") if isinstance(sampler, SaysTokenBudget) else None,
+    )
+
+
+def _said(obj: Any, name: str, default: bool) -> bool:
+    """The attribute where it is a boolean (numpy's included), else ``default``."""
+    value = getattr(obj, name, default)
+    return bool(value) if isinstance(value, (bool, np.bool_)) else default
+
+
+def resolve(dataset: Any, collate: Any, sampler: Any = None) -> Capabilities:
+    """The capabilities of the pair the engine reads and collates with, and of the index
+    sampler that plans their batches."""
+    return Capabilities(resolve_dataset(dataset), resolve_collate(collate), resolve_sampler(sampler))
 
 
 def _has(obj: Any, name: str) -> bool:
@@ -191,8 +294,12 @@ __all__ = [
     "Capabilities",
     "CollateCapabilities",
     "DatasetCapabilities",
+    "SamplerCapabilities",
     "dataset_fields",
+    "has_lengths",
+    "reads_batches",
     "resolve",
     "resolve_collate",
     "resolve_dataset",
+    "resolve_sampler",
 ]

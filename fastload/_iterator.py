@@ -225,8 +225,8 @@ class _BaseIterator(abc.ABC):
         """For a remote dataset and a sampler that knows its plan: start bringing the epoch's
         shards to the local disk ahead of the workers (``_formats/_prefetch.py``)."""
         if self._shards.remote and os.getpid() == self._owner_pid:
-            upcoming = getattr(self._index_sampler, "upcoming", None)
-            self._shards.start(upcoming() if upcoming else None, _consumed_weakly(self))
+            plans = self._capabilities.sampler.upcoming
+            self._shards.start(self._index_sampler.upcoming() if plans else None, _consumed_weakly(self))
 
     def _stop_shard_prefetch(self) -> None:
         if self._shards.remote and os.getpid() == self._owner_pid:
@@ -257,9 +257,8 @@ class _BaseIterator(abc.ABC):
         if self._shards.remote:
             self._feed_storage()
         fields = self._engine_fields()
-        skipped = getattr(self._index_sampler, "skipped", None)
-        if isinstance(skipped, int):
-            fields["skipped_samples"] = skipped
+        if self._capabilities.sampler.skipped:
+            fields["skipped_samples"] = int(self._index_sampler.skipped)
         if self._prefetcher is not None:
             fields["gpu_idle_s"] = self._prefetcher.gpu_idle_s
         return self._meter.snapshot(scope=scope, num_workers=self._num_workers, **fields)
@@ -329,7 +328,7 @@ class InProcessIterator(_BaseIterator):
         data = fetcher.fetch(index)
         if self._pin:
             data = pin_tree(data)
-        counts = getattr(fetcher, "last_counts", None)  # the fast path's collate says
+        counts = fetcher.last_counts  # the fast path's collate says
         if counts is None:
             counts = planned_counts(index)  # a packed plan says, whatever collated it
         return data, counts if counts is not None else batch_counts(data)

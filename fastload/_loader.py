@@ -9,7 +9,14 @@ from typing import Any, TypeVar, cast
 
 import torch.utils.data
 
-from fastload._capabilities import Capabilities, resolve, resolve_dataset
+from fastload._capabilities import (
+    Capabilities,
+    SamplerCapabilities,
+    resolve,
+    resolve_collate,
+    resolve_dataset,
+    resolve_sampler,
+)
 from fastload._iterator import InProcessIterator, WorkerIterator
 from fastload._metrics import LoaderStats, StallMeter
 from fastload._options import LoaderOptions
@@ -329,12 +336,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _capabilities(self) -> Capabilities:
         """What the engine may use of the dataset it reads and of the collate, resolved once per
         collate (``collate_fn`` may be set again before an iteration, as with torch's loader)."""
-        dataset, collate = self._engine_dataset, self.collate_fn
+        dataset, collate, sampler = self._engine_dataset, self.collate_fn, self._index_sampler
         cached = self.__dict__.get("_resolved")
-        if cached is not None and cached[0] is dataset and cached[1] is collate:
-            return cast(Capabilities, cached[2])
-        capabilities = resolve(dataset, collate)
-        self.__dict__["_resolved"] = (dataset, collate, capabilities)
+        if cached is not None and cached[0] is dataset and cached[1] is collate and cached[2] is sampler:
+            return cast(Capabilities, cached[3])
+        capabilities = resolve(dataset, collate, sampler)
+        self.__dict__["_resolved"] = (dataset, collate, sampler, capabilities)
+        return capabilities
+
+    def _sampler_capabilities(self, sampler: Any) -> SamplerCapabilities:
+        """What the loader may use of ``sampler`` (its resumable index sampler), resolved once."""
+        cached = self.__dict__.get("_resolved_sampler")
+        if cached is not None and cached[0] is sampler:
+            return cast(SamplerCapabilities, cached[1])
+        capabilities = resolve_sampler(sampler)
+        self.__dict__["_resolved_sampler"] = (sampler, capabilities)
         return capabilities
 
     def _get_iterator(self) -> Any:
@@ -453,7 +469,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sampler = self._resumable()
         if sampler is None or not hasattr(sampler, "set_epoch"):
             return
-        if not getattr(sampler, "follows_loader_epoch", True):
+        if not self._sampler_capabilities(sampler).follows_loader_epoch:
             return  # a DistributedSampler: its own epoch decides, as with torch's loader
         if self._loaded:
             self._loaded = False  # the sampler holds the loaded position (or its own epoch)
@@ -502,7 +518,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             return
         sampler = self._resumable_for("load_state_dict()")
         sampler.load_state_dict(dict(state["sampler"]))
-        self._epoch = getattr(sampler, "epoch", self._epoch)
+        if self._sampler_capabilities(sampler).epoch:
+            self._epoch = sampler.epoch
         self._loaded, self._progress = True, None
         ahead = [int(p) for p in state.get("received_ahead", ())]
         self._received_ahead = (self._sampler_epoch(), ahead) if ahead else None
@@ -572,7 +589,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _sampler_epoch(self) -> int:
         """The resumable sampler's epoch (-1 where it has none): its own ``set_epoch`` may
         move it."""
-        return int(getattr(self._resumable(), "epoch", -1))
+        sampler: Any = self._resumable()
+        return int(sampler.epoch) if self._sampler_capabilities(sampler).epoch else -1
 
     def _resumable_for(self, action: str) -> Any:
         """The index sampler that saves and loads positions, or a ``TypeError`` that says what
@@ -749,19 +767,10 @@ def _length_grouped_sampler(
 def _collate_rounding(collate: Any) -> int:
     """The multiple the collate rounds padded lengths up to (``RoundingCollate``), 1 for none:
     what a ``max_tokens`` plan must count, so that the budget holds for the shape built."""
-    from fastload._protocols import RoundingCollate
-
-    if not isinstance(collate, RoundingCollate):
-        return 1
-    multiple = collate.pad_to_multiple_of
-    if multiple is None:
-        return 1
-    if not isinstance(multiple, int) or isinstance(multiple, bool) or multiple < 1:
-        raise TypeError(
-            f"collate_fn {type(collate).__name__}.pad_to_multiple_of must be a positive int or "
-            f"None (the multiple it rounds padded lengths up to); got {multiple!r}"
-        )
-    return multiple
+    resolved = resolve_collate(collate)
+    if resolved.rounding_error is not None:
+        raise TypeError(resolved.rounding_error)
+    return resolved.pad_to_multiple_of or 1
 
 
 def _check_rounding(batch_sampler: Any, collate: Any) -> None:

@@ -282,6 +282,71 @@ class RoundingCollate(Protocol):
     def pad_to_multiple_of(self) -> int | None: ...
 
 
+
+@runtime_checkable
+class GetsItems(Protocol):
+    """A map-style dataset that reads a batch of samples in one call, as torch's DataLoader
+    uses it: the engine's per-sample path calls it instead of ``dataset[i]`` for each index."""
+
+    def __getitems__(self, indices: list[Any]) -> list[Any]:
+        """The samples of ``indices``, in their order."""
+
+
+# -- sampler capabilities ------------------------------------------------------------------------
+# What the loader may use of its index sampler, resolved once with the dataset's and the
+# collate's (``fastload._capabilities.SamplerCapabilities``).
+
+
+@runtime_checkable
+class FollowsLoaderEpoch(Protocol):
+    """A sampler that says whether the loader moves its epochs: ``False`` for one whose own
+    epoch decides (a ``DistributedSampler``'s ``set_epoch`` the user calls), as with torch's
+    loader; a sampler without it follows the loader's."""
+
+    follows_loader_epoch: bool
+
+
+@runtime_checkable
+class KeepsEpoch(Protocol):
+    """A sampler whose ``epoch`` is the epoch it plans; the loader reads it back after
+    ``set_epoch`` and ``load_state_dict`` (a loaded state may name another epoch)."""
+
+    epoch: int
+
+
+@runtime_checkable
+class PlansAhead(Protocol):
+    """A sampler that knows its epoch's batches before they are drawn: a remote dataset's
+    shards are brought to the cache in that order."""
+
+    def upcoming(self) -> Any:
+        """The batches not yet drawn this epoch, in order (each an index array)."""
+
+
+@runtime_checkable
+class CountsSkipped(Protocol):
+    """A sampler that leaves samples out of its plan (too long to pack): ``stats()`` reports
+    how many."""
+
+    skipped: int
+
+
+@runtime_checkable
+class SaysBatchSize(Protocol):
+    """A batch sampler whose batches hold at most ``batch_size`` samples: the fast path sizes
+    its shared-memory slots from it."""
+
+    batch_size: int
+
+
+@runtime_checkable
+class SaysTokenBudget(Protocol):
+    """A batch sampler whose batches hold at most ``max_tokens`` tokens: the fast path sizes
+    its shared-memory slots from it."""
+
+    max_tokens: int
+
+
 __all__ = [
     "ALIGN",
     "AdvisesReads",
@@ -289,13 +354,18 @@ __all__ = [
     "BoundedCollate",
     "Built",
     "CheckedMapReader",
+    "CountsSkipped",
     "CountsStorage",
+    "FollowsLoaderEpoch",
+    "GetsItems",
     "InPlaceReader",
+    "KeepsEpoch",
     "Layout",
     "MappedReader",
     "MapsRagged",
     "OneCallBuilder",
     "OneCallCollate",
+    "PlansAhead",
     "PrefetchesShards",
     "PreparedBatch",
     "PreparingCollate",
@@ -304,6 +374,8 @@ __all__ = [
     "ReadsInPlace",
     "RemoteReader",
     "RoundingCollate",
+    "SaysBatchSize",
+    "SaysTokenBudget",
     "SlotCollate",
     "SpanCollate",
     "TooLarge",

@@ -39,6 +39,7 @@ require("transformers", "fastload.hf")
 from transformers import Trainer, TrainerCallback  # noqa: E402
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: E402
 
+from fastload._capabilities import reads_batches  # noqa: E402
 from fastload._collate import PackCollate  # noqa: E402
 from fastload._integrations._causal import CausalLMCollate  # noqa: E402
 from fastload._loader import DataLoader  # noqa: E402
@@ -137,12 +138,12 @@ class FastloadTrainer(Trainer):
         return self._loader(eval_dataset, self.args.eval_batch_size, shuffle=False, drop_last=False, seed=0)
 
     def _loader(self, dataset: Any, batch_size: int, *, shuffle: bool, drop_last: bool, seed: int) -> DataLoader[Any]:
-        lengths = getattr(dataset, "lengths", None)
-        if lengths is None or not callable(getattr(dataset, "read_batch", None)):
+        if not reads_batches(dataset):
             raise TypeError(
                 f"FastloadTrainer needs a dataset fastload reads by batch (read_batch and "
                 f"per-sample lengths), such as fastload.HDF5Dataset; got {type(dataset).__name__}"
             )
+        lengths = dataset.lengths
         args = self.args
         world = {"num_replicas": max(1, args.world_size), "rank": args.process_index}
         sampler: LengthGroupedBatchSampler | PackedBatchSampler

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload._capabilities import resolve_dataset
 from fastload._collate import _kernels
 from fastload._collate._pad import PadCollate, SingleField
 from fastload._protocols import ALIGN, Built, TooLarge
@@ -81,10 +82,9 @@ def express_builder(reader: Any, collate: PadCollate) -> ExpressBuilder | None:
     one-call builds do not apply: judged from the reader alone (its in-place reads would give
     ``Spans`` over the very arrays its ``mapped_ragged()`` returns). Maps the file in this
     process."""
-    if _kernels._native is None or not getattr(reader, "reads_in_place", False):
+    if _kernels._native is None or not resolve_dataset(reader).mapped_ragged:
         return None
-    mapped = getattr(reader, "mapped_ragged", None)
-    found = mapped() if mapped is not None else None
+    found = reader.mapped_ragged()
     if found is None:
         return None
     name, values, offsets = found

@@ -195,13 +195,12 @@ class PackCollate:
 
     def max_layout(self, reader: Any) -> Layout | None:
         """The largest layout a batch of ``reader`` can have, for sizing the shared-memory
-        slots: ``rows`` (else the reader's ``pack_rows``) rows of each non-object field of its
-        ``fields``, and ``cu_seqlens`` for the most segments a batch can have (``B * L``);
+        slots: ``rows`` (else, for a ``PackedSource``, its ``pack_rows``) rows of each
+        non-object field of its ``fields``, and ``cu_seqlens`` for the most segments a batch can have (``B * L``);
         ``None`` where the rows or the fields are not known."""
         rows = self._rows
-        if rows is None:  # the reader's rows where it says them as an int (a PackedSource does)
-            said = reader.pack_rows if isinstance(reader, PackedSource) else getattr(reader, "pack_rows", None)
-            rows = said if isinstance(said, int) and not isinstance(said, bool) else None
+        if rows is None and isinstance(reader, PackedSource):
+            rows = reader.pack_rows
         fields = reader.capabilities.fields if isinstance(reader, PackedSource) else dataset_fields(reader)
         if rows is None or fields is None:
             return None

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastload._capabilities import DatasetCapabilities, resolve_dataset
+from fastload._capabilities import DatasetCapabilities, has_lengths, resolve_dataset
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._pack_plan import check_plan, piece_columns
 from fastload._types import Column, Field, PackedBatch, Ragged, Spans
@@ -69,14 +69,15 @@ class PackedSource:
         for option, value in (("seq_len", seq_len), ("rows", rows)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"PackedSource({option}=...) must be an integer >= 1; got {value!r}")
-        if not hasattr(dataset, "lengths"):
+        if not has_lengths(dataset):
             raise TypeError(
                 f"PackedSource needs a dataset with `lengths` (tokens per sample) to check the "
                 f"packing against; {type(dataset).__name__} has none"
             )
         self.dataset = dataset
         self.capabilities = resolve_dataset(dataset) if capabilities is None else capabilities
-        self._read_batch = _read_batch(dataset)
+        # The dataset's own ``read_batch`` where it reads batches, else one sample at a time.
+        self._read_batch = dataset.read_batch if self.capabilities.reads_batches else None
         self.seq_len = int(seq_len)
         self.pack_rows = int(rows)
 
@@ -200,12 +201,6 @@ class PackedSource:
             if where:
                 return str(where)
         return type(self.dataset).__name__
-
-
-def _read_batch(dataset: Any) -> Any:
-    """The dataset's own ``read_batch`` where it has one that can be called, else ``None``."""
-    reader = getattr(dataset, "read_batch", None)
-    return reader if callable(reader) else None
 
 
 def _none_of(column: Column) -> Column:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from fastload._capabilities import Capabilities, resolve
+from fastload._capabilities import Capabilities, DatasetCapabilities, resolve, resolve_dataset
 from fastload._types import Counts
 
 
@@ -19,12 +19,17 @@ class MapFetcher:
     ``dataset[i]`` per index; ``collate_fn`` on the result. Without auto-collation (``batch_size
     =None``) the index is a single key."""
 
-    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]) -> None:
+    #: What the last batch holds: only the fast path's collate says (:class:`ColumnarFetcher`).
+    last_counts: Counts | None = None
+
+    def __init__(
+        self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], getitems: bool = False
+    ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
-        getitems = getattr(dataset, "__getitems__", None)
-        self._getitems = getitems if getitems else None
+        # ``getitems``: a callable ``__getitems__``, as the loader resolved (fastload._capabilities).
+        self._getitems = dataset.__getitems__ if getitems else None
 
     def fetch(self, index: Any) -> Any:
         if not self.auto_collation:
@@ -38,6 +43,8 @@ class IterableFetcher:
     """Iterable dataset: each fetch takes as many items as the index has entries (or one item
     without auto-collation). Raises ``StopIteration`` once the iterator is exhausted, and for a
     short last batch when ``drop_last`` is set."""
+
+    last_counts: Counts | None = None  # see MapFetcher
 
     def __init__(
         self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], drop_last: bool
@@ -66,11 +73,16 @@ class IterableFetcher:
 
 
 def make_fetcher(
-    dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], drop_last: bool
+    dataset: Any,
+    auto_collation: bool,
+    collate_fn: Callable[[Any], Any],
+    drop_last: bool,
+    capabilities: DatasetCapabilities | None = None,
 ) -> MapFetcher | IterableFetcher:
     if isinstance(dataset, IterableDataset):
         return IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
-    return MapFetcher(dataset, auto_collation, collate_fn)
+    getitems = (resolve_dataset(dataset) if capabilities is None else capabilities).getitems
+    return MapFetcher(dataset, auto_collation, collate_fn, getitems)
 
 
 class ColumnarFetcher:
@@ -113,4 +125,4 @@ def in_process_fetcher(
     read where it applies (``fast``), else torch's per-sample fetch."""
     if fast:
         return ColumnarFetcher(dataset, collate_fn, capabilities)
-    return make_fetcher(dataset, auto_collation, collate_fn, drop_last)
+    return make_fetcher(dataset, auto_collation, collate_fn, drop_last, None if capabilities is None else capabilities.dataset)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload._capabilities import Capabilities, resolve
+from fastload._capabilities import Capabilities, SamplerCapabilities, resolve
 from fastload._engine._arena import SlotArena, SlotDevice, align, available_memory_bytes
 from fastload._protocols import Layout
 from fastload._types import Field, Ragged
@@ -154,14 +154,14 @@ def slot_arena(
     ``index_sampler`` can make where it says so and that fits in ``max_bytes`` (default a
     quarter of the available memory), else sized from the batches that come (then with the
     :class:`BatchBytes` that measures them)."""
-    capabilities = resolve(reader, collate) if capabilities is None else capabilities
+    capabilities = resolve(reader, collate, index_sampler) if capabilities is None else capabilities
     fields = capabilities.dataset.fields
     assert fields is not None, "the fast path runs only for a reader with fields"
     lengths = np.asarray(reader.lengths)
     if max_bytes is None:
         max_bytes = max(_MIN_SHARED_BYTES, (available_memory_bytes() or 4 << 30) // 4)
     bound = _collate_bound(collate, reader) if capabilities.collate.max_layout else None
-    rows, max_tokens = _plan_rows_and_tokens(index_sampler)
+    rows, max_tokens = _plan_rows_and_tokens(index_sampler, capabilities.sampler)
     if bound is None and (rows is not None or max_tokens is not None):
         bound = slot_bytes_bound(collate, fields, lengths, rows=rows, max_tokens=max_tokens)
     if bound is not None and SlotArena.stride(bound) * slots <= max_bytes:
@@ -177,14 +177,13 @@ def _collate_bound(collate: Any, reader: Any) -> int | None:
     return None if layout is None else plan_layout(layout)[1]
 
 
-def _plan_rows_and_tokens(sampler: Any) -> tuple[int | None, int | None]:
-    """The most rows and the token budget of the batches ``sampler`` says it makes (``None``
-    where it does not say)."""
-    rows = getattr(sampler, "batch_size", None)
-    max_tokens = getattr(sampler, "max_tokens", None)
+def _plan_rows_and_tokens(sampler: Any, says: SamplerCapabilities) -> tuple[int | None, int | None]:
+    """The most rows and the token budget of the batches ``sampler`` says it makes (``says``,
+    as the loader resolved them; ``None`` where it does not say)."""
+    rows, max_tokens = says.batch_size, says.max_tokens
     if rows is None and max_tokens is None and isinstance(sampler, (list, tuple)):
         rows = max((len(b) for b in sampler), default=1)
-    return (rows if isinstance(rows, int) else None), (max_tokens if isinstance(max_tokens, int) else None)
+    return rows, max_tokens
 
 
 __all__ = ["BatchBytes", "SlotSizing", "batch_bytes", "plan_layout", "slot_arena", "slot_bytes_bound", "synthetic_batch"]

@@ -335,7 +335,7 @@ def _readahead(spec: WorkerSpec) -> Callable[[list[Any]], None] | None:
 def _new_fetcher(spec: WorkerSpec) -> Any:
     if spec.builder is not None:
         return spec.builder
-    return make_fetcher(spec.dataset, spec.auto_collation, spec.collate_fn, spec.drop_last)
+    return make_fetcher(spec.dataset, spec.auto_collation, spec.collate_fn, spec.drop_last, spec.dataset_capabilities)
 
 
 def _build(spec: WorkerSpec, fetcher: Any, index: Any) -> tuple[Kind, Any]:

@@ -29,7 +29,14 @@ from fastload._formats._columns import (
     split_column,
 )
 from fastload._formats._hints import advise_samples
-from fastload._formats._process import ProcessState, ShardReader
+from fastload._formats._process import (
+    ChecksMapped,
+    MapsRaggedField,
+    ProcessState,
+    ReadsShardInPlace,
+    ShardReader,
+    offers,
+)
 from fastload._formats._remote_reads import RemoteShards
 from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
@@ -202,8 +209,8 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         (name, field), = self._fields.items()
         if field.kind != "ragged":
             return None
-        mapped = getattr(self._shard(0), "mapped_ragged", None)
-        found = mapped(name) if mapped is not None else None
+        shard = self._shard(0)
+        found = cast(MapsRaggedField, shard).mapped_ragged(name) if offers(shard, MapsRaggedField) else None
         return None if found is None else (name, *found)
 
     def check_mapped(self) -> None:
@@ -216,9 +223,8 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         if process is None or process.pid != os.getpid():
             return
         for reader in process.readers:
-            check = getattr(reader, "check_mapped", None)  # optional (ShardReader)
-            if check is not None:
-                check()
+            if offers(reader, ChecksMapped):
+                cast(ChecksMapped, reader).check_mapped()
 
     def willneed(self, indices: npt.ArrayLike) -> int:
         """Tell the kernel that the samples ``indices`` (any order, duplicates and negative
@@ -339,11 +345,10 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         in_place: bool = False,
     ) -> Column:
         def read(reader: ShardReader) -> Column:
-            check = getattr(reader, "check_mapped", None)  # optional (ShardReader)
-            if check is not None:
-                check()
-            if in_place:
-                return cast(Column, getattr(reader, "read_in_place", reader.read)(name, local))
+            if offers(reader, ChecksMapped):
+                cast(ChecksMapped, reader).check_mapped()
+            if in_place and offers(reader, ReadsShardInPlace):
+                return cast(ReadsShardInPlace, reader).read_in_place(name, local)
             return reader.read(name, local)
 
         try:

@@ -6,12 +6,13 @@ calls."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from fastload._formats._columns import group_positions
+from fastload._formats._process import LocatesBytes, offers
 from fastload._formats._readahead import MAX_ADVISED_RANGES, ByteRanges, coalesce_ranges, earliest
 from fastload._formats._validate import normalize_indices
 
@@ -30,9 +31,9 @@ def advise_samples(dataset: Any, indices: npt.ArrayLike) -> int:
     for group in groups:
         s = int(shard[group[0]])
         reader = dataset._reader_for_hints(s)
-        byte_ranges = getattr(reader, "byte_ranges", None)
-        if byte_ranges is None:
+        if not offers(reader, LocatesBytes):
             continue
+        byte_ranges = cast(LocatesBytes, reader).byte_ranges
         local = rows[group] - dataset._shard_starts[s]
         parts = [(byte_ranges(name, local), group) for name in dataset._fields]
         known = [(r, g) for r, g in parts if r is not None]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +40,56 @@ class ShardReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# What a shard reader may offer beyond ``ShardReader``, each declared by the methods its class
+# defines and tested with :func:`offers` (per class, once), never by looking up a name.
+
+
+@runtime_checkable
+class LocatesBytes(Protocol):
+    """A shard reader that knows where the payload of rows lies in its file (readahead)."""
+
+    def byte_ranges(self, field: str, rows: npt.NDArray[np.int64]) -> Any:
+        """``(starts, lengths)`` of the bytes holding ``rows`` of ``field``, or ``None``."""
+
+
+@runtime_checkable
+class ChecksMapped(Protocol):
+    """A shard reader that reads through a memory map and can tell when its file shrank."""
+
+    def check_mapped(self) -> None:
+        """Raise :class:`~fastload.errors.DataFormatError` when the file is shorter than
+        when it was mapped (reading the map past its end would kill the process with SIGBUS)."""
+
+
+@runtime_checkable
+class ReadsShardInPlace(Protocol):
+    """A shard reader that can leave a memory-mapped ragged field where it lies."""
+
+    def read_in_place(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+        """Like ``read``; a memory-mapped ragged field comes back as ``Spans``."""
+
+
+@runtime_checkable
+class MapsRaggedField(Protocol):
+    """A shard reader that can hand out a ragged field's mapped values and offsets."""
+
+    def mapped_ragged(self, field: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``field``'s values and int64 offsets as mapped views, or ``None``."""
+
+
+def offers(reader: object, capability: type) -> bool:
+    """Whether ``reader``'s class defines what the Protocol ``capability`` declares (decided
+    once per class: a read asks for each shard)."""
+    key = (type(reader), capability)
+    found = _OFFERS.get(key)
+    if found is None:
+        found = _OFFERS[key] = issubclass(key[0], capability)
+    return found
+
+
+_OFFERS: dict[tuple[type, type], bool] = {}
 
 
 class ProcessState:

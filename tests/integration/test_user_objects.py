@@ -49,6 +49,19 @@ class OwnAttributes(PlainDocs):
         self.remote = True  # the user's own flag: read from a network mount
 
 
+#: Attributes of a user's own, named like the rest of fastload's capabilities; none of them is
+#: what the capability of that name is.
+OWN_ATTRIBUTES: dict[str, Any] = {
+    "read_batch": "batches of 64",  # a note, not a method
+    "pack_rows": "as many as fit",  # a note, not a row count
+    "__getitems__": ("not", "a", "method"),  # truthy, and not callable
+}
+
+
+def _with_own(attribute: str) -> PlainDocs:
+    return type("OwnNamed", (PlainDocs,), {attribute: OWN_ATTRIBUTES[attribute]})()
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
@@ -85,6 +98,25 @@ def test_a_plain_dataset_with_attributes_named_like_capabilities_packs_as_a_plai
     kwargs: dict[str, Any] = {"pack_length": 16, "batch_size": 3, "num_workers": num_workers, "seed": 3}
     expected = list(fastload.DataLoader(PlainDocs(), **{**kwargs, "num_workers": 0}))
     got = list(fastload.DataLoader(OwnAttributes(), **kwargs))
+    assert len(got) == len(expected) > 1
+    assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("attribute", sorted(OWN_ATTRIBUTES))
+@pytest.mark.parametrize("pack_length", [None, 16])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_plain_dataset_with_its_own_attribute_named_like_a_capability_loads_every_sample(
+    num_workers: int, pack_length: int | None, attribute: str
+) -> None:
+    # torch's loader would call a truthy ``__getitems__`` and fail: what fastload gives is what
+    # torch gives for the same samples without the attribute.
+    if pack_length is None:
+        kwargs: dict[str, Any] = {"batch_size": 5, "collate_fn": _pad, "num_workers": num_workers}
+        expected = list(torch.utils.data.DataLoader(PlainDocs(), **{**kwargs, "num_workers": 0}))
+    else:
+        kwargs = {"pack_length": pack_length, "batch_size": 3, "num_workers": num_workers, "seed": 3}
+        expected = list(fastload.DataLoader(PlainDocs(), **{**kwargs, "num_workers": 0}))
+    got = list(fastload.DataLoader(_with_own(attribute), **kwargs))
     assert len(got) == len(expected) > 1
     assert all(_same(a, b) for a, b in zip(got, expected, strict=True))
 

@@ -9,7 +9,13 @@ import numpy as np
 import torch
 
 import fastload
-from fastload._capabilities import resolve, resolve_collate, resolve_dataset
+from fastload._capabilities import (
+    reads_batches,
+    resolve,
+    resolve_collate,
+    resolve_dataset,
+    resolve_sampler,
+)
 
 
 class Reader(torch.utils.data.Dataset[Any]):
@@ -39,6 +45,8 @@ class Impostor(torch.utils.data.Dataset[Any]):
     storage_counts = 0
     prefetch = 2
     willneed = False
+    check_mapped = "yes"
+    __getitems__ = ("not", "a", "method")
 
 
 def test_a_reader_has_what_it_declares() -> None:
@@ -75,3 +83,62 @@ def test_the_fast_path_needs_both_halves() -> None:
     assert resolve(Reader(), fastload.PadCollate()).fast_path
     assert not resolve(Impostor(), fastload.PadCollate()).fast_path
     assert not resolve(Reader(), lambda batch: batch).fast_path
+
+
+def test_a_callable_getitems_is_a_capability_and_a_reader_is_tested_in_one_place() -> None:
+    class Gets(Reader):
+        def __getitems__(self, indices: list[int]) -> list[Any]:
+            return [self[i] for i in indices]
+
+    assert resolve_dataset(Gets()).getitems and not resolve_dataset(Reader()).getitems
+    assert reads_batches(Reader()) and not reads_batches(Impostor())
+
+
+class PlanningSampler:
+    """A batch sampler that says all the sampler capabilities."""
+
+    follows_loader_epoch = False
+    epoch = 3
+    skipped = 2
+    batch_size = 8
+    max_tokens = 4096
+
+    def upcoming(self) -> list[Any]:
+        return []
+
+
+class SamplerImpostor:
+    """Attributes named like the sampler capabilities, none of them of its kind."""
+
+    follows_loader_epoch = "no"
+    epoch = "third"
+    skipped = [1, 2]
+    batch_size = True
+    max_tokens = 4096.0
+    upcoming = ["next"]
+
+
+def test_a_sampler_has_what_it_declares_and_an_impostor_nothing() -> None:
+    found = resolve_sampler(PlanningSampler())
+    assert not found.follows_loader_epoch and found.epoch and found.skipped and found.upcoming
+    assert (found.batch_size, found.max_tokens) == (8, 4096)
+    impostor = resolve_sampler(SamplerImpostor())
+    assert impostor == type(impostor)()  # follows the loader's epochs; says nothing else
+    assert resolve_sampler(torch.utils.data.BatchSampler(range(10), 4, False)).batch_size == 4
+    assert resolve(Reader(), fastload.PadCollate(), PlanningSampler()).sampler == found
+
+
+def test_a_collates_rounding_is_in_its_record_and_a_bad_one_says_why() -> None:
+    class Rounds(fastload.PadCollate):
+        def __init__(self, multiple: Any) -> None:
+            super().__init__()
+            self.multiple = multiple
+
+        @property
+        def pad_to_multiple_of(self) -> Any:
+            return self.multiple
+
+    assert resolve_collate(Rounds(8)).pad_to_multiple_of == 8
+    assert resolve_collate(Rounds(None)).pad_to_multiple_of is None
+    bad = resolve_collate(Rounds("8"))
+    assert bad.pad_to_multiple_of is None and bad.rounding_error is not None and "'8'" in bad.rounding_error

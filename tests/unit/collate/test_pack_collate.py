@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload._collate import PackCollate
-from fastload._collate._pack_source import PackedColumns
+from fastload._collate._pack_source import PackedColumns, PackedSource
 from fastload._types import Field, PackedBatch, Ragged, Spans
 from fastload.errors import DataFormatError, FieldNotFoundError
 
@@ -310,13 +310,21 @@ def test_collate_into_refuses_arrays_unlike_the_layout(change: Any, message: str
         collate.collate_into(columns, out)
 
 
-class _Reader:
-    """What max_layout looks at: a reader's fields and, from PackedSource, its rows."""
+class _Fields:
+    """A dataset with fastload's ``fields`` (all ``max_layout`` reads of it)."""
 
-    def __init__(self, fields: dict[str, Field], pack_rows: int | None) -> None:
+    def __init__(self, fields: dict[str, Field]) -> None:
         self.fields = fields
-        if pack_rows is not None:
-            self.pack_rows = pack_rows
+        self.lengths = np.ones(1, np.int64)
+
+    def __len__(self) -> int:
+        return 1
+
+
+def _Reader(fields: dict[str, Field], pack_rows: int | None) -> Any:
+    """What max_layout looks at: a reader's fields and, from a PackedSource, its rows."""
+    dataset = _Fields(fields)
+    return dataset if pack_rows is None else PackedSource(dataset, seq_len=5, rows=pack_rows)
 
 
 FIELDS = {
