@@ -132,13 +132,18 @@ class PackedBatch:
         """Real tokens of the batch (every piece's length, summed)."""
         return int((self.stops - self.starts).sum())
 
-    def __len__(self) -> int:
-        """The number of pieces."""
+    @property
+    def pieces(self) -> int:
+        """The number of pieces, over all rows."""
         return int(self.samples.size)
 
-    def __iter__(self) -> Iterator[int]:
-        """The sample of each piece, in row order (what an error message lists)."""
-        return iter(self.samples.tolist())
+    def __len__(self) -> int:
+        """The number of rows (padding-only ones included)."""
+        return self.rows
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, int]]]:
+        """Each row as its ``(sample, start, stop)`` pieces (:meth:`row`), in order."""
+        return (self.row(r) for r in range(self.rows))
 
     def row(self, r: int) -> list[tuple[int, int, int]]:
         """Row ``r`` as ``(sample, start, stop)`` pieces."""
@@ -157,7 +162,7 @@ class PackedBatch:
         columns."""
         if self.encoded is not None:
             return self.encoded
-        header = np.array([PACK_MAGIC, self.seq_len, self.rows, len(self)], dtype=np.int64)
+        header = np.array([PACK_MAGIC, self.seq_len, self.rows, self.pieces], dtype=np.int64)
         return np.concatenate((header, self.row_offsets, self.samples, self.starts, self.stops))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -166,7 +171,7 @@ class PackedBatch:
 
     def __repr__(self) -> str:
         return (
-            f"PackedBatch(rows={self.rows}, seq_len={self.seq_len}, pieces={len(self)}, "
+            f"PackedBatch(rows={self.rows}, seq_len={self.seq_len}, pieces={self.pieces}, "
             f"tokens={self.num_tokens})"
         )
 

@@ -414,7 +414,7 @@ def test_a_plan_that_does_not_fit_its_rows_is_refused(rows: Any, message: str) -
 
 def test_fields_named_like_a_generated_array_are_refused() -> None:
     batch = hand_made()
-    columns = packed(batch, SAMPLES, labels=np.zeros(len(batch), np.int64))
+    columns = packed(batch, SAMPLES, labels=np.zeros(batch.pieces, np.int64))
     with pytest.raises(ValueError, match=r"\['labels'\], which PackCollate generates"):
         PackCollate(6)(columns)
 
@@ -422,7 +422,7 @@ def test_fields_named_like_a_generated_array_are_refused() -> None:
 def test_a_primary_field_that_is_not_token_ids_is_refused() -> None:
     batch = hand_made()
     values = np.ones((15, 3), np.float32)
-    frames = Spans(values, np.zeros(len(batch), np.int64), batch.stops - batch.starts)
+    frames = Spans(values, np.zeros(batch.pieces, np.int64), batch.stops - batch.starts)
     with pytest.raises(ValueError, match=r"primary field 'frames' holds float32"):
         PackCollate(6, primary="frames")(PackedColumns({"frames": frames}, batch))
     with pytest.raises(FieldNotFoundError, match=r"primary='nope'"):

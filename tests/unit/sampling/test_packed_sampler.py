@@ -85,7 +85,7 @@ def test_last_round_is_padding_batches_never_repeats() -> None:
     rank0 = list(PackedBatchSampler(lengths, seq_len=8, rows=1, num_replicas=2, rank=0))
     rank1 = list(PackedBatchSampler(lengths, seq_len=8, rows=1, num_replicas=2, rank=1))
     assert len(rank0) == len(rank1) == 3
-    assert len(rank1[-1]) == 0 and rank1[-1].rows == 1  # a row of padding only
+    assert rank1[-1].pieces == 0 and rank1[-1].rows == 1  # a row of padding only
     seen = [p for b in rank0 + rank1 for r in range(b.rows) for p in b.row(r)]
     assert sorted(seen) == [(i, 0, 8) for i in range(5)]
 
@@ -159,3 +159,18 @@ def test_best_fit_refuses_lengths_out_of_range() -> None:
     for run in (best_fit, best_fit_python):
         with pytest.raises(ValueError, match=r"lengths must be in 1..capacity"):
             run(np.array([9], dtype=np.int64), np.array([1], dtype=np.int64), 8)
+
+
+def test_a_packed_batch_iterates_as_its_rows_of_sample_start_stop_pieces() -> None:
+    batch = PackedBatch(
+        samples=np.array([4, 1, 7], np.int64),
+        starts=np.array([0, 2, 0], np.int64),
+        stops=np.array([3, 6, 5], np.int64),
+        row_offsets=np.array([0, 2, 2, 3], np.int64),
+        seq_len=8,
+    )
+    assert list(batch) == [[(4, 0, 3), (1, 2, 6)], [], [(7, 0, 5)]]  # the middle row: padding
+    assert len(batch) == batch.rows == 3 and batch.pieces == 3
+    assert list(PackedBatch.coerce(np.asarray(batch))) == list(batch)  # as it travels
+    for planned in PackedBatchSampler([5, 3, 9, 2, 8, 1], seq_len=8, rows=2, seed=1):
+        assert list(planned) == [planned.row(r) for r in range(planned.rows)]
