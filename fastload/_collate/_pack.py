@@ -9,6 +9,8 @@ plans a batch (its ``layout``, ``counts`` and a ``fill(out)`` into arrays made f
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ import numpy.typing as npt
 import torch
 
 from fastload._capabilities import dataset_fields
+from fastload._collate import _kernels
 from fastload._collate._call import collate_to_tensors
 from fastload._collate._checks import (
     Scalar,
@@ -32,7 +35,7 @@ from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pack_into
 from fastload._collate._pack_plan import PieceColumns, check_plan, next_fit, piece_columns
 from fastload._collate._pack_source import PackedColumns, PackedSource
-from fastload._protocols import Layout, OneCallBuilder
+from fastload._protocols import ALIGN, Built, Layout, OneCallBuilder, TooLarge
 from fastload._types import Column, Counts, Field, PackedBatch, Ragged, Spans
 from fastload.errors import DataFormatError, FieldNotFoundError
 
@@ -183,14 +186,12 @@ class PackCollate:
 
     def one_call_builder(self, reader: Any) -> OneCallBuilder | None:
         """A builder of ``reader``'s packed batches in one native call, or ``None`` where that
-        does not apply (see ``_pack_express.py``). A subclass that plans batches its own way
+        does not apply (see the one-call builds below). A subclass that plans batches its own way
         (overrides :meth:`prepare`) gets none."""
         if type(self).prepare is not PackCollate.prepare:
             return None
         if self._fields is not None and len(self._fields) != 1:
             return None
-        from fastload._collate._pack_express import pack_express_builder
-
         return pack_express_builder(reader, self)
 
     def max_layout(self, reader: Any) -> Layout | None:
@@ -495,4 +496,85 @@ class _Gather:
         return column.source[np.repeat(column.starts, self.lengths) + self.within]
 
 
-__all__ = ["GENERATED", "PackCollate"]
+# -- one-call builds ---------------------------------------------------------------------------
+# One-call builds of packed batches: one ragged field of token ids held whole in a memory map
+# (a fastload HDF5 file), packed by ``PackCollate`` (the packing twin of ``_pad.py``'s).
+#
+# The native ``gather_pack`` reads the plan from the task's own bytes (a ``PackedBatch``'s
+# encoding), checks every piece against the samples and ``seq_len``, lays the batch out as
+# ``PackCollate`` would and writes the ids, positions, labels, document ids, ``cu_seqlens`` and
+# ``max_seqlen`` in one pass over the rows; the general path (``PackedSource`` then
+# ``PackCollate.prepare`` and ``fill``) makes some hundred numpy calls for the same batch. A plan
+# it does not take goes the general way, which says what is wrong with it.
+
+_WRITTEN, _TOO_LARGE, _CANNOT = 0, 1, 2  # gather_pack's status
+_I64, _I32 = np.dtype(np.int64).str, np.dtype(np.int32).str
+
+
+class PackExpressBuilder:
+    """A :class:`~fastload._protocols.OneCallBuilder` of packed batches over one mapped field."""
+
+    def __init__(
+        self, name: str, values: np.ndarray, offsets: np.ndarray, collate: PackCollate, out: np.dtype, pad: Any
+    ) -> None:
+        native = _kernels._native
+        assert native is not None
+        codes = _kernels.NATIVE_TYPES
+        self._gather = native.gather_pack
+        self._values, self._offsets = values, offsets
+        self._source = (codes[values.dtype], math.prod(values.shape[1:]))
+        self._out = (codes[out], int(pad), float(pad), collate._label_pad, collate.seq_len, ALIGN)
+        self._name, self._ids_dtype = name, out.str
+        self.last_s = 0.0
+
+    def build_into(self, indices: bytes, buffer: np.ndarray, offset: int, capacity: int) -> Built | TooLarge | None:
+        started = time.perf_counter()
+        vt, items = self._source
+        ot, pad_int, pad_float, label_pad, seq_len, align = self._out
+        status, rows, segments, real, nbytes, pos_at, lab_at, doc_at, cu_at, max_at = self._gather(
+            self._values, vt, items, self._offsets, indices, buffer, offset, capacity,
+            ot, pad_int, pad_float, label_pad, seq_len, align,
+        )  # fmt: skip
+        if status == _CANNOT:
+            return None
+        if status == _TOO_LARGE:
+            return TooLarge(nbytes)
+        self.last_s = time.perf_counter() - started
+        cells = (rows, seq_len)
+        arrays: tuple[tuple[str, int, tuple[int, ...], str], ...] = (
+            (self._name, 0, cells, self._ids_dtype),
+            (POSITIONS, pos_at, cells, _I64),
+            (LABELS, lab_at, cells, _I64),
+            (DOCUMENTS, doc_at, cells, _I32),
+            (CU_SEQLENS, cu_at, (segments + 1,), _I32),
+            (MAX_SEQLEN, max_at, (), _I64),
+        )
+        return Built(arrays, nbytes, Counts(rows, real, rows * seq_len))
+
+
+def pack_express_builder(reader: Any, collate: PackCollate) -> PackExpressBuilder | None:
+    """The one-call builder of ``reader``'s packed batches, or ``None`` where it does not apply:
+    ``reader`` reads packed batches (a ``PackedSource``) of a dataset whose ``mapped_ragged()``
+    is its only field, of scalar integer ids, written by this collate in a native dtype. Maps the
+    file in this process."""
+    if _kernels._native is None or not isinstance(reader, PackedSource) or reader.seq_len != collate.seq_len:
+        return None
+    if not reader.capabilities.mapped_ragged:  # the dataset's, as the loader resolved them
+        return None
+    found = reader.dataset.mapped_ragged()
+    if found is None:
+        return None
+    name, values, offsets = found
+    if not (values.flags.c_contiguous and offsets.flags.c_contiguous) or values.shape[1:] != ():
+        return None
+    schema = collate._schema({name: ("ragged", values.dtype, ())})
+    if schema.fixed or [n for n, _, _ in schema.ragged] != [name] or schema.primary != name:
+        return None
+    (_, out, pad), = schema.ragged
+    codes = _kernels.NATIVE_TYPES
+    if values.dtype not in codes or out not in codes or out.kind not in "iu":
+        return None
+    return PackExpressBuilder(name, values, offsets, collate, out, pad)
+
+
+__all__ = ["GENERATED", "PackCollate", "PackExpressBuilder", "pack_express_builder"]

@@ -178,3 +178,73 @@ def test_the_reach_in_check_catches_a_private_attribute_of_another_package() -> 
         assert _private_reach_ins("fastload._engine._fake", ast.parse(imported)) != []
     finally:
         _PRIVATE_BY_PACKAGE["_formats"].discard("_mapped_ragged")
+
+
+# -- no import cycles ---------------------------------------------------------------------------
+# An import inside a function counts too: a cycle broken only by importing late is still two
+# modules that cannot be read apart. Checked within the packages listed (the whole library next).
+_ACYCLIC = ("fastload._collate",)
+_NAMES = {name for name, _ in MODULES}
+
+
+def _edges(tree: ast.Module) -> set[str]:
+    """The fastload modules ``tree`` imports (``from package import module`` names the module)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names if alias.name in _NAMES)
+        elif isinstance(node, ast.ImportFrom) and node.module in _NAMES:
+            subs = {f"{node.module}.{alias.name}" for alias in node.names} & _NAMES
+            out.update(subs)
+            if len(subs) < len(node.names):
+                out.add(node.module)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _graph(prefix: str) -> dict[str, set[str]]:
+    inside = {n for n in _NAMES if n.startswith(prefix + ".")}
+    return {name: _edges(tree) & inside for name, tree in MODULES if name in inside}
+
+
+@pytest.mark.parametrize("package", _ACYCLIC)
+def test_no_import_cycles(package: str) -> None:
+    assert _cycles(_graph(package)) == []
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_late_import() -> None:
+    a = ast.parse("from fastload._collate._pad import PadCollate\n")
+    b = ast.parse("def f():\n    from fastload._collate import _kernels\n")
+    graph = {"fastload._collate._kernels": _edges(a), "fastload._collate._pad": _edges(b)}
+    assert _cycles(graph) == [["fastload._collate._kernels", "fastload._collate._pad"]]

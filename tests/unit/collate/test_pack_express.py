@@ -13,7 +13,7 @@ import torch
 
 import fastload
 from fastload._collate import PackCollate, PackedSource, _kernels
-from fastload._collate._pack_express import pack_express_builder
+from fastload._collate._pack import pack_express_builder
 from fastload._engine._sizing import plan_layout
 from fastload._protocols import Built, TooLarge
 from fastload._types import PackedBatch

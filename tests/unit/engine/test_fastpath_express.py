@@ -1,4 +1,4 @@
-"""The fast path's one-call builds (``_collate/_express.py``): where they apply, they write the same bytes
+"""The fast path's one-call builds (``_collate/_pad.py``): where they apply, they write the same bytes
 and describe the same batch as the general builder; where they do not, they stay out."""
 
 from __future__ import annotations
