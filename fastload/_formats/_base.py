@@ -348,7 +348,7 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
             if offers(reader, ChecksMapped):
                 cast(ChecksMapped, reader).check_mapped()
             if in_place and offers(reader, ReadsShardInPlace):
-                return cast(ReadsShardInPlace, reader).read_in_place(name, local)
+                return cast(Column, cast(ReadsShardInPlace, reader).read_in_place(name, local))
             return reader.read(name, local)
 
         try:

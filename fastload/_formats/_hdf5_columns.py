@@ -13,7 +13,7 @@ from fastload._formats._hdf5_heap import HeapReader
 from fastload._formats._hdf5_rows import MappedRows, Rows, native
 from fastload._formats._hdf5_vlen import Descriptors, vlen_lengths
 from fastload._formats._readahead import ByteRanges
-from fastload._types import Column, Ragged
+from fastload._types import Column, Ragged, Spans
 
 #: A column that is memory-mapped alone, as its kind and the placements of its datasets:
 #: ``("offsets", values, offsets)`` or ``("array", rows)``.
@@ -35,6 +35,12 @@ class RaggedH5Column(H5Column, Protocol):
         ...
 
 
+def _mapped(rows: Rows) -> MappedRows | None:
+    """``rows`` where they are read through the file's memory map (what can be placed, located
+    and read in place), else ``None``."""
+    return rows if isinstance(rows, MappedRows) else None
+
+
 class OffsetsColumn:
     """The fastload layout: ``values`` holds the samples back to back, ``offsets[i]`` is where
     sample ``i`` starts. One gather per batch, no HDF5 call when both are memory-mapped."""
@@ -48,31 +54,33 @@ class OffsetsColumn:
         starts, lengths = self._spans(rows)
         return Ragged(self._values.ranges(starts, lengths), lengths)
 
-    def read_in_place(self, rows: npt.NDArray[np.int64]) -> Column:
+    def read_in_place(self, rows: npt.NDArray[np.int64]) -> Column | Spans:
         """Like :meth:`read`, but :class:`Spans` over the memory map when the values are
         mapped (no copy at all)."""
         starts, lengths = self._spans(rows)
-        spans = getattr(self._values, "spans", None)
-        located = spans(starts, lengths) if spans is not None else None
+        values = self._values
+        located = values.spans(starts, lengths) if isinstance(values, MappedRows) else None
         return located if located is not None else Ragged(self._values.ranges(starts, lengths), lengths)
 
     def placement(self) -> ColumnPlacement | None:
         """How to map this column again without HDF5, when both its datasets are mapped."""
-        values = getattr(self._values, "placement", None)
-        offsets = getattr(self._offsets, "placement", None)
-        return None if values is None or offsets is None else ("offsets", values, offsets)
+        values, offsets = _mapped(self._values), _mapped(self._offsets)
+        if values is None or offsets is None or values.placement is None or offsets.placement is None:
+            return None
+        return ("offsets", values.placement, offsets.placement)
 
     def byte_ranges(self, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
         """Where the values of ``rows`` lie in the file, when they are mapped (reads the
         offsets of ``rows``)."""
-        located = getattr(self._values, "byte_ranges", None)
-        return None if located is None else located(*self._spans(rows))
+        values = _mapped(self._values)
+        return None if values is None else values.byte_ranges(*self._spans(rows))
 
     def mapped(self) -> tuple[np.ndarray, np.ndarray] | None:
         """``(values, offsets)`` as they lie in the file's memory map, native-endian with int64
         offsets, or ``None`` when either is read another way."""
-        values = getattr(self._values, "in_place", None)
-        offsets = getattr(self._offsets, "in_place", None)
+        mapped_values, mapped_offsets = _mapped(self._values), _mapped(self._offsets)
+        values = None if mapped_values is None else mapped_values.in_place
+        offsets = None if mapped_offsets is None else mapped_offsets.in_place
         if values is None or offsets is None or offsets.dtype != np.int64:
             return None
         return values, offsets
@@ -99,16 +107,16 @@ class ArrayColumn:
 
     def placement(self) -> ColumnPlacement | None:
         """How to map this column again without HDF5, when it is mapped."""
-        rows = getattr(self._rows, "placement", None)
-        return None if rows is None else ("array", rows)
+        rows = _mapped(self._rows)
+        return None if rows is None or rows.placement is None else ("array", rows.placement)
 
     def read(self, rows: npt.NDArray[np.int64]) -> Column:
         return self._rows.take(rows)
 
     def byte_ranges(self, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
         """Where ``rows`` lie in the file, when they are mapped."""
-        located = getattr(self._rows, "byte_ranges", None)
-        return None if located is None else located(rows, np.ones(len(rows), np.int64))
+        mapped = _mapped(self._rows)
+        return None if mapped is None else mapped.byte_ranges(rows, np.ones(len(rows), np.int64))
 
 
 class VlenColumn:

@@ -30,7 +30,7 @@ from fastload._formats._mmap import FileMap
 from fastload._formats._readahead import ByteRanges
 from fastload._formats._sniff import describe, sniff
 from fastload._formats._validate import lengths_from_offsets
-from fastload._types import Column
+from fastload._types import Column, Spans
 from fastload.errors import DataFormatError, FastloadError
 
 #: What h5py raises where HDF5's checks of a file's metadata fail: its error stack is mapped
@@ -94,6 +94,10 @@ def file_identity(path: str) -> tuple[int, int, int, int]:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
+#: The kinds of column that can lie in the file's memory map (placed, located, read in place).
+_MAPPABLE = (OffsetsColumn, ArrayColumn)
+
+
 class _ColumnReads:
     """What a shard does with its columns, however they were opened."""
 
@@ -103,18 +107,16 @@ class _ColumnReads:
     def read(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
         return self._columns[field].read(rows)
 
-    def read_in_place(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+    def read_in_place(self, field: str, rows: npt.NDArray[np.int64]) -> Column | Spans:
         """Like :meth:`read`; a memory-mapped ragged field comes back as ``Spans``."""
         column = self._columns[field]
-        read = getattr(column, "read_in_place", column.read)
-        return read(rows)
+        return column.read_in_place(rows) if isinstance(column, OffsetsColumn) else column.read(rows)
 
     def mapped_ragged(self, field: str) -> tuple[np.ndarray, np.ndarray] | None:
         """``field``'s values and int64 offsets as mapped views, when it is stored in the
         fastload layout and both are memory-mapped (else ``None``)."""
         column = self._columns[field]
-        mapped = getattr(column, "mapped", None)
-        return mapped() if mapped is not None else None
+        return column.mapped() if isinstance(column, OffsetsColumn) else None
 
     def lengths(self, field: str) -> npt.NDArray[np.int64]:
         return self._ragged[field].lengths()
@@ -122,8 +124,8 @@ class _ColumnReads:
     def byte_ranges(self, field: str, rows: npt.NDArray[np.int64]) -> ByteRanges | None:
         """Where the payload of ``rows`` of ``field`` lies in the file (``None`` unless it is
         memory-mapped)."""
-        located = getattr(self._columns[field], "byte_ranges", None)
-        return None if located is None else located(rows)
+        column = self._columns[field]
+        return column.byte_ranges(rows) if isinstance(column, _MAPPABLE) else None
 
 
 class MappedShard(_ColumnReads):
@@ -178,7 +180,8 @@ class H5Shard(_ColumnReads):
         """Where ``fields`` lie, when every one of them is memory-mapped (else ``None``)."""
         columns = {}
         for name in fields:
-            where = getattr(self._columns[name], "placement", lambda: None)()
+            column = self._columns[name]
+            where = column.placement() if isinstance(column, _MAPPABLE) else None
             if where is None:
                 return None
             columns[name] = where

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from fastload._formats._cache import BlockCache
 from fastload._formats._readahead import AdviseFiles
-from fastload._types import Column
+from fastload._types import Column, Spans
 
 
 class ShardReader(Protocol):
@@ -67,7 +67,7 @@ class ChecksMapped(Protocol):
 class ReadsShardInPlace(Protocol):
     """A shard reader that can leave a memory-mapped ragged field where it lies."""
 
-    def read_in_place(self, field: str, rows: npt.NDArray[np.int64]) -> Column:
+    def read_in_place(self, field: str, rows: npt.NDArray[np.int64]) -> Column | Spans:
         """Like ``read``; a memory-mapped ragged field comes back as ``Spans``."""
 
 
