@@ -22,6 +22,7 @@ from torch.utils.data import Sampler
 from fastload._sampling._options import check_int, check_optional_int
 from fastload._sampling._shard import Cursor, per_rank_count, rank_positions
 from fastload._sampling._state import dump_state, load_state
+from fastload._types import PackedBatch
 
 
 class GlobalPlan(Protocol):
@@ -203,7 +204,7 @@ class PlannedBatchSampler(Sampler[Any], abc.ABC):
         def batches() -> Iterator[npt.NDArray[np.int64]]:
             for position in positions:
                 batch = plan.batch(position)
-                yield np.asarray(getattr(batch, "samples", batch), dtype=np.int64)
+                yield np.asarray(batch.samples if isinstance(batch, PackedBatch) else batch, dtype=np.int64)
 
         return batches()
 
