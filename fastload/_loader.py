@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 import weakref
 from typing import Any, TypeVar, cast
@@ -348,6 +349,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return it
 
     def __iter__(self) -> Any:
+        called = time.perf_counter()  # first_batch_s counts from here: iter() is start-up too
         self._begin_epoch()
         skip = self._skip_received_ahead()
         self._iterating = True
@@ -359,6 +361,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._loaded_workers = None  # taken by a new worker iterator, or of no use
         self._progress = it.progress
         self._progress.epoch = self._sampler_epoch()
+        self.meter.start_epoch(called, self._progress.epoch if self._progress.epoch >= 0 else None)
         if not self.in_order and self.num_workers > 0:
             self._progress.track_positions(skip)
         return it
