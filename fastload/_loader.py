@@ -157,6 +157,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             log_every_s=log_every_s,
             progress=progress,
             host_tuning=host_tuning,
+            batch_size=batch_size,
         )
         self._fastload_options = options
         own = resolve_dataset(dataset)  # the dataset's capabilities (fastload._capabilities)
@@ -186,6 +187,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # loaded epoch's iterator starts its workers from it.
         self._loaded_workers: tuple[int | None, dict[str, Any], bool] | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
+        given_batch_sampler = batch_sampler
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
                 dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, options
@@ -222,6 +224,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             )
             batch_size, shuffle, drop_last = 1, None, False
         _check_rounding(batch_sampler, collate_fn)
+        if batch_sampler is not given_batch_sampler:  # built here from the length options
+            _warn_uniform_lengths(batch_sampler, type(dataset).__name__, own.fields, options)
+        options.check_use(dataset=type(dataset).__name__, remote=own.remote, planned=_planned(batch_sampler))
         super().__init__(
             dataset,
             batch_size,
@@ -684,6 +689,21 @@ def _packed_sampler(
         drop_last=drop_last,
         **_shard_window(dataset, options),
     )
+
+
+def _warn_uniform_lengths(batch_sampler: Any, dataset: str, fields: Any, options: LoaderOptions) -> None:
+    from fastload._sampling._options import uniform_lengths_message
+    from fastload.errors import UniformLengthsWarning
+
+    if options.pack_length is not None:
+        option = f"pack_length={options.pack_length}"
+    else:
+        option = "length_grouped=True" if options.max_tokens is None else f"max_tokens={options.max_tokens}"
+    message = uniform_lengths_message(
+        batch_sampler.lengths, option=option, dataset=dataset, fields=fields, packing=options.pack_length is not None
+    )
+    if message is not None:
+        warnings.warn(message, UniformLengthsWarning, stacklevel=3)
 
 
 def _own_sampler_lengths(option: str, dataset: Any, sampler: Any, batch_sampler: Any) -> Any:
