@@ -226,7 +226,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         _check_rounding(batch_sampler, collate_fn)
         if batch_sampler is not given_batch_sampler:  # built here from the length options
             _warn_uniform_lengths(batch_sampler, type(dataset).__name__, own.fields, options)
-        options.check_use(dataset=type(dataset).__name__, remote=own.remote, planned=_planned(batch_sampler))
+        options.check_use(dataset=type(dataset).__name__, remote=own.remote)
         super().__init__(
             dataset,
             batch_size,

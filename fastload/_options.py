@@ -99,22 +99,15 @@ class LoaderOptions:
         )
 
 
-    def check_use(self, *, dataset: str, remote: bool, planned: bool) -> None:
+    def check_use(self, *, dataset: str, remote: bool) -> None:
         """Refuse options that the loader being built would ignore: ``download_concurrency`` for
-        a local ``dataset`` (its type name), ``seed`` where no length-grouped or packed plan
-        (``planned``) uses it."""
+        a local ``dataset`` (its type name). (A ``seed`` without a length-grouped or packed plan
+        is accepted: one configuration that toggles ``length_grouped`` keeps its seed.)"""
         if self.download_concurrency is not None and not remote:
             raise ValueError(
                 f"download_concurrency={self.download_concurrency} sets how many shards of a "
                 f"remote dataset download at once; this {dataset} is local, so it would be "
                 "ignored: leave it out"
-            )
-        if self.seed != 0 and not planned:
-            raise ValueError(
-                f"seed={self.seed} seeds fastload's length-grouped and packed plans; this loader "
-                "has none (torch's sampler shuffles), so it would be ignored: give "
-                "length_grouped=True, max_tokens= or pack_length=, or seed torch's shuffle with "
-                f"generator=torch.Generator().manual_seed({self.seed})"
             )
 
 

@@ -54,12 +54,6 @@ def test_download_concurrency_for_a_local_dataset_is_refused(tokens: Path) -> No
         fastload.DataLoader(fastload.HDF5Dataset(tokens), download_concurrency=8)
 
 
-def test_a_seed_no_plan_uses_is_refused(tokens: Path) -> None:
-    with pytest.raises(ValueError, match=r"seed=3 .* generator="):
-        fastload.DataLoader(fastload.HDF5Dataset(tokens), batch_size=4, shuffle=True, seed=3)
-    fastload.DataLoader(fastload.HDF5Dataset(tokens), batch_size=4, length_grouped=True, seed=3)
-
-
 @pytest.mark.parametrize("option", [{"length_grouped": True, "batch_size": 4}, {"max_tokens": 64}])
 def test_equal_lengths_under_length_grouping_warn_naming_dataset_and_field(
     raw_text: Path, option: dict[str, object]
