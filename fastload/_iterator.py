@@ -121,6 +121,7 @@ class _BaseIterator(abc.ABC):
         self._fast_collate = fast_path_collate(
             self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers, self._capabilities
         )
+        self._meter.fast_path = self._fast_collate is not None  # the diagnosis advises by it
         # One test per batch for what most loaders never do (next() after a long step runs from
         # cold caches: each line it runs counts; benchmarks/README.md, "next() of a ready batch").
         self._extras = self._options.progress or self._options.log_every_s is not None or self._is_iterable

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 import weakref
 from typing import Any, TypeVar, cast
@@ -163,6 +164,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             log_every_s=log_every_s,
             progress=progress,
             host_tuning=host_tuning,
+            batch_size=batch_size,
         )
         self._fastload_options = options
         own = resolve_dataset(dataset)  # the dataset's capabilities (fastload._capabilities)
@@ -192,6 +194,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # loaded epoch's iterator starts its workers from it.
         self._loaded_workers: tuple[int | None, dict[str, Any], bool] | None = None
         self._last_it: weakref.ref[InProcessIterator | WorkerIterator] | None = None
+        given_batch_sampler = batch_sampler
         if options.pack_length is not None:
             batch_sampler = _packed_sampler(
                 dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, max_tokens, options
@@ -228,6 +231,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             )
             batch_size, shuffle, drop_last = 1, None, False
         _check_rounding(batch_sampler, collate_fn)
+        if batch_sampler is not given_batch_sampler:  # built here from the length options
+            _warn_uniform_lengths(batch_sampler, type(dataset).__name__, own.fields, options)
+        options.check_use(dataset=type(dataset).__name__, remote=own.remote)
         super().__init__(
             dataset,
             batch_size,
@@ -364,6 +370,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return it
 
     def __iter__(self) -> Any:
+        called = time.perf_counter()  # first_batch_s counts from here: iter() is start-up too
         self._begin_epoch()
         skip = self._skip_received_ahead()
         self._iterating = True
@@ -375,6 +382,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._loaded_workers = None  # taken by a new worker iterator, or of no use
         self._progress = it.progress
         self._progress.epoch = self._sampler_epoch()
+        self.meter.start_epoch(called, self._progress.epoch if self._progress.epoch >= 0 else None)
         if not self.in_order and self.num_workers > 0:
             self._progress.track_positions(skip)
         return it
@@ -699,6 +707,21 @@ def _packed_sampler(
         drop_last=drop_last,
         **_shard_window(dataset, options),
     )
+
+
+def _warn_uniform_lengths(batch_sampler: Any, dataset: str, fields: Any, options: LoaderOptions) -> None:
+    from fastload._sampling._options import uniform_lengths_message
+    from fastload.errors import UniformLengthsWarning
+
+    if options.pack_length is not None:
+        option = f"pack_length={options.pack_length}"
+    else:
+        option = "length_grouped=True" if options.max_tokens is None else f"max_tokens={options.max_tokens}"
+    message = uniform_lengths_message(
+        batch_sampler.lengths, option=option, dataset=dataset, fields=fields, packing=options.pack_length is not None
+    )
+    if message is not None:
+        warnings.warn(message, UniformLengthsWarning, stacklevel=3)
 
 
 def _own_sampler_lengths(option: str, dataset: Any, sampler: Any, batch_sampler: Any) -> Any:

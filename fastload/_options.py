@@ -49,9 +49,11 @@ class LoaderOptions:
         log_every_s: Any,
         progress: Any,
         host_tuning: Any,
+        batch_size: Any = 1,
     ) -> LoaderOptions:
         """The options, each checked: a bad value raises naming the option, the value and
-        what it must be."""
+        what it must be; so do options that contradict each other or that the loader would
+        ignore (see :meth:`check_use` for those that depend on the dataset)."""
         if isinstance(num_workers, str) and num_workers != "auto":
             raise ValueError(
                 f"num_workers must be an integer >= 0 or 'auto'; got {num_workers!r}"
@@ -68,9 +70,18 @@ class LoaderOptions:
                 "length_grouped=True and pack_length= are two ways to batch by length; choose "
                 "one (pack_length packs several documents per row, with no padding between them)"
             )
+        tokens = _positive_int("max_tokens", max_tokens, optional=True)
+        if packed is not None and tokens is not None:
+            _check_packing_budget(packed, tokens, batch_size)
+        if _flag("readahead", readahead) and num_workers == 0:
+            raise ValueError(
+                "readahead=True has the workers tell the kernel which byte ranges their queued "
+                "batches read; with num_workers=0 there are none and it would be ignored: give "
+                "num_workers >= 1 (or 'auto'), or leave readahead off"
+            )
         return cls(
             length_grouped=grouped,
-            max_tokens=_positive_int("max_tokens", max_tokens, optional=True),
+            max_tokens=tokens,
             pack_length=packed,
             shuffle_shards=_positive_int("shuffle_shards", shuffle_shards, optional=True),
             download_concurrency=_positive_int(
@@ -85,6 +96,36 @@ class LoaderOptions:
             progress=_flag("progress", progress),
             auto_workers=num_workers == "auto",
             host_tuning=None if host_tuning is None else _flag("host_tuning", host_tuning),
+        )
+
+
+    def check_use(self, *, dataset: str, remote: bool) -> None:
+        """Refuse options that the loader being built would ignore: ``download_concurrency`` for
+        a local ``dataset`` (its type name). (A ``seed`` without a length-grouped or packed plan
+        is accepted: one configuration that toggles ``length_grouped`` keeps its seed.)"""
+        if self.download_concurrency is not None and not remote:
+            raise ValueError(
+                f"download_concurrency={self.download_concurrency} sets how many shards of a "
+                f"remote dataset download at once; this {dataset} is local, so it would be "
+                "ignored: leave it out"
+            )
+
+
+def _check_packing_budget(pack_length: int, max_tokens: int, batch_size: Any) -> None:
+    """``pack_length`` with ``max_tokens``: the budget decides the rows of a batch
+    (``max_tokens // pack_length``), so a ``batch_size`` other than torch's default 1 (or None)
+    would be ignored, and a budget below one row fits nothing."""
+    if max_tokens < pack_length:
+        raise ValueError(
+            f"max_tokens={max_tokens} is less than pack_length={pack_length}: not one row of "
+            f"pack_length tokens fits the budget; raise max_tokens to at least {pack_length}"
+        )
+    rows = max_tokens // pack_length
+    if batch_size is not None and batch_size != 1 and batch_size != rows:
+        raise ValueError(
+            f"pack_length={pack_length} with max_tokens={max_tokens} makes each batch "
+            f"max_tokens // pack_length = {rows} row(s); batch_size={batch_size} would be ignored: "
+            "give batch_size (rows per batch) or max_tokens (tokens per batch), not both"
         )
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "StorageError",
     "StorageNotFoundError",
     "StoragePermissionError",
+    "UniformLengthsWarning",
     "UnsupportedSchemeError",
     "UsageError",
     "WorkerCrashedError",
@@ -162,3 +163,9 @@ class RebuiltLoaderWarning(UserWarning):
     a framework (Accelerate's ``prepare``, ``transformers.Trainer``) rebuilt the loader as
     ``torch.utils.data.DataLoader``, so fastload's engine no longer loads the batches. The
     message names the supported call."""
+
+
+class UniformLengthsWarning(UserWarning):
+    """Every sample of the dataset has the same length, so length grouping or a token budget
+    groups nothing (often a text column read as one value per sample). The message names the
+    dataset and the field its lengths come from."""

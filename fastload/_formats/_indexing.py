@@ -99,10 +99,13 @@ def describe_shard(path: Path, kind: str) -> tuple[dict[str, Field], str | None,
 
 def write_index(folder: str | os.PathLike[str], index: DatasetIndex) -> Path:
     """Write ``index`` as ``folder/fastload-index.json``, atomically (a reader sees the old
-    index or the new one, never a part)."""
+    index or the new one, never a part), with the mode a shard written there gets (``0666``
+    less the umask; ``mkstemp`` alone would leave it ``0600``, unreadable to the shards'
+    other readers)."""
     final = Path(folder) / INDEX_NAME
     handle, temporary = tempfile.mkstemp(prefix=f".{INDEX_NAME}.", dir=final.parent)
     try:
+        os.fchmod(handle, 0o666 & ~_umask())
         with os.fdopen(handle, "wb") as out:
             out.write(index.to_json())
             out.flush()
@@ -112,6 +115,21 @@ def write_index(folder: str | os.PathLike[str], index: DatasetIndex) -> Path:
         Path(temporary).unlink(missing_ok=True)
         raise
     return final
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (setting it to
+    read it back would race with files other threads create meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 __all__ = ["SHARD_SUFFIXES", "build_index", "describe_shard", "index_of", "sha256_of", "shard_files", "shard_kind", "write_index"]

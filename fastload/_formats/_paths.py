@@ -5,11 +5,12 @@ from __future__ import annotations
 import glob
 import os
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Union
 
-from fastload._remote import REMOTE_SCHEMES
+from fastload._remote import INDEX_NAME, REMOTE_SCHEMES, DatasetIndex
 from fastload.errors import DataFileNotFoundError, DataFormatError, UnsupportedSchemeError
 
 PathArg = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -35,11 +36,55 @@ def check_scheme(path: str) -> None:
 
 def files_in_directory(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
     """The files of ``directory`` (not recursive) whose names end in one of ``suffixes``, sorted;
-    raises :class:`DataFileNotFoundError` when there is none."""
+    raises :class:`DataFileNotFoundError` when there is none. A directory with a
+    ``fastload-index.json`` stands for the shards its index lists instead (see
+    :func:`indexed_files`)."""
+    if (directory / INDEX_NAME).is_file():
+        return indexed_files(directory, suffixes)
     files = sorted(p for p in directory.iterdir() if p.is_file() and p.name.endswith(suffixes))
     if not files:
         raise DataFileNotFoundError(
             f"{directory}: the directory holds no file ending in {', '.join(suffixes)}", directory
+        )
+    return files
+
+
+def indexed_files(directory: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """The shards ``directory/fastload-index.json`` lists, in its order (as ``fastload index``
+    promises: the folder's dataset is planned from its index). Shard files under the folder that
+    it does not list are named in a warning and not read; a listed shard that is missing, or an
+    index of shards whose names do not end in ``suffixes`` (the other reader's), is an error."""
+    where = directory / INDEX_NAME
+    index = DatasetIndex.from_json(where.read_bytes(), str(where))
+    foreign = [s.path for s in index.shards if not s.path.endswith(suffixes)]
+    if foreign:
+        reader = "ArrowDataset" if index.kind == "arrow" else "HDF5Dataset"
+        raise DataFormatError(
+            f"{where}: lists {index.kind} shards ({foreign[0]}), which this reader does not read "
+            f"(it reads {', '.join(suffixes)}); open the folder with {reader}"
+        )
+    files = [directory.joinpath(*s.path.split("/")) for s in index.shards]
+    missing = [s.path for s, f in zip(index.shards, files, strict=True) if not f.is_file()]
+    if missing:
+        raise DataFileNotFoundError(
+            f"{where}: lists {len(missing)} shard(s) that are not in the folder ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}); restore them, or write the index again with "
+            f"`fastload index {directory}`",
+            directory / missing[0],
+        )
+    listed = {s.path for s in index.shards}
+    extra = sorted(
+        p.relative_to(directory).as_posix()
+        for p in directory.rglob("*")
+        if p.is_file() and p.name.endswith(suffixes) and p.relative_to(directory).as_posix() not in listed
+    )
+    if extra:
+        warnings.warn(
+            f"{directory}: holds {len(extra)} shard files the index does not list, which are not "
+            f"read: {', '.join(extra[:10])}{', ...' if len(extra) > 10 else ''} (the dataset is "
+            f"the index's {index.num_samples:,} samples); to read them too, write the index "
+            f"again with `fastload index {directory}`",
+            stacklevel=4,
         )
     return files
 

@@ -16,8 +16,12 @@ Timeline of one epoch (``|`` = a ``next()`` returning a batch)::
             start-up      ────────── steady: counted in the stall fraction ──────────
 
 * The first wait of an epoch is start-up: it becomes ``first_batch_s`` and is kept out of the
-  stall fraction and the quantiles. (A caller that calls ``begin_wait()`` as the iterator is
-  created includes worker start-up in it.)
+  stall fraction and the quantiles. It counts from ``start_epoch(at)`` where the caller gives
+  it (the loader: the call to ``iter()``, which starts workers and opens shards), else from the
+  first ``begin_wait()``.
+* Epochs are numbered by ``start_epoch(at, epoch)`` (the loader passes its sampler's epoch),
+  else one after the other from 0; an epoch-scope snapshot taken between two epochs is the
+  one just ended, a run-scope one names the latest epoch and counts it apart.
 * A step runs from one ``end_wait`` to the next ``begin_wait``; the last step of an epoch is
   counted when ``begin_wait()`` is called for the ``next()`` that ends the epoch. A step still
   open at ``end_epoch()`` (the loop broke out) is not counted: its end is unknown.
@@ -125,7 +129,14 @@ class StallMeter:
         # padded tokens; a list from record(), whose time is None until its caller sets it).
         self._log: list[Any] = []
         self._open_wait = False
-        self._epoch = 0
+        self._epoch = 0  # the current epoch's number, or the next one's until it starts
+        self._started = False  # whether the current epoch has started (start_epoch or a batch)
+        self._epoch_started_at: float | None = None  # start_epoch's time, until the first batch
+        self._ended_epochs = 0
+        self._last: tuple[int, _Totals] | None = None  # the epoch ended last: number, totals
+        #: Whether the loader builds batches on the fast path (``read_batch`` and a slot collate);
+        #: ``None`` unknown. The diagnosis advises the fast path only to a loader not on it.
+        self.fast_path: bool | None = None
         # Batches are counted into the epoch's totals only; an ended epoch is added to the
         # earlier epochs' (half the work per batch of keeping both up to date).
         self._earlier = _Totals()
@@ -136,8 +147,21 @@ class StallMeter:
 
     @property
     def epoch(self) -> int:
-        """The number of epochs ended so far (the current epoch's 0-based index)."""
+        """The current epoch's number (before it starts: the number it will have)."""
         return self._epoch
+
+    def start_epoch(self, at: float, epoch: int | None = None) -> None:
+        """An epoch starts: ``iter()`` was called at ``at`` (a time of this meter's clock), and
+        its first batch counts from then. ``epoch`` numbers it (default: the number after the
+        previous epoch's). An epoch left without :meth:`end_epoch` (the loop broke off) is
+        closed first: its batches stay in the run's totals, without a summary."""
+        self._fold()
+        if self._current.batches:
+            self._close_epoch()
+        if epoch is not None:
+            self._epoch = int(epoch)
+        self._started = True
+        self._epoch_started_at = at
 
     @property
     def wait_s(self) -> float:
@@ -285,7 +309,10 @@ class StallMeter:
         wait = max(0.0, now - self._wait_started)
         totals = self._current
         if totals.batches == 0:
-            totals.first_batch_s = wait
+            started = self._epoch_started_at
+            totals.first_batch_s = wait if started is None else max(wait, now - started)
+            self._epoch_started_at = None
+            self._started = True
         else:
             totals.wait_s += wait
             totals.steady_batches += 1
@@ -316,19 +343,35 @@ class StallMeter:
         summary (consumer-side fields only). The next batch starts a new epoch."""
         self._fold()
         self._open_wait = False
-        summary = self._stats(self._current, epoch=self._epoch).with_diagnosis()
+        summary = self._summary(self._current, self._epoch, "epoch")
+        self._close_epoch()
+        return summary
+
+    def _close_epoch(self) -> None:
+        self._last = (self._epoch, self._current)
         self._epoch += 1
+        self._ended_epochs += 1
+        self._started = False
+        self._epoch_started_at = None
         self._earlier.absorb(self._current)
         self._current = _Totals()
         self._wait_started = None
         self._step_started = None
         self._stepping = None
-        return summary
+
+    def _summary(self, totals: _Totals, epoch: int, scope: str, **fields: Any) -> LoaderStats:
+        stats = self._stats(totals, epoch=epoch, scope=scope, fast_path=self.fast_path, **fields)
+        if self.packing:
+            efficiency = stats.padding_efficiency
+            stats = dataclasses.replace(stats, padding_efficiency=None, packing_efficiency=efficiency)
+        return stats.with_diagnosis()
 
     def snapshot(self, *, scope: str = "run", **engine_fields: Any) -> LoaderStats:
         """The stats so far, over the whole run (``scope="run"``) or the current epoch
-        (``scope="epoch"``), with the engine's fields (names in :data:`ENGINE_FIELDS`) merged
-        in and the diagnosis computed."""
+        (``scope="epoch"``; between two epochs, the one just ended), with the engine's fields
+        (names in :data:`ENGINE_FIELDS`) merged in and the diagnosis computed. A run-scope
+        snapshot is labelled with the latest epoch and counts that epoch's batches apart
+        (``epoch_batches``)."""
         if scope not in ("run", "epoch"):
             raise ValueError(f"snapshot: scope must be 'run' or 'epoch'; got {scope!r}")
         unknown = set(engine_fields) - ENGINE_FIELDS
@@ -338,26 +381,27 @@ class StallMeter:
                 f"{', '.join(sorted(ENGINE_FIELDS))}"
             )
         self._fold()
-        totals = self._current
-        if scope == "run":
-            totals = _Totals()
-            totals.absorb(self._earlier)
-            totals.absorb(self._current)
-        fields = {"epoch": self._epoch, **engine_fields}
-        stats = self._stats(totals, **fields)
-        if self.packing:
-            efficiency = stats.padding_efficiency
-            stats = dataclasses.replace(stats, padding_efficiency=None, packing_efficiency=efficiency)
-        return stats.with_diagnosis()
+        epoch, latest = self._epoch, self._current
+        if not (self._started or latest.batches) and self._last is not None:
+            epoch, latest = self._last  # between two epochs: the one just ended
+        if scope == "epoch":
+            return self._summary(latest, **{"epoch": epoch, **engine_fields}, scope="epoch")
+        totals = _Totals()
+        totals.absorb(self._earlier)
+        totals.absorb(self._current)
+        epochs = self._ended_epochs + (1 if self._current.batches else 0)
+        fields = {"epoch": epoch, **engine_fields}
+        return self._summary(totals, scope="run", epochs=epochs, epoch_batches=latest.batches, **fields)
 
     @staticmethod
-    def _stats(totals: _Totals, *, epoch: int, **engine_fields: Any) -> LoaderStats:
+    def _stats(totals: _Totals, *, epoch: int, scope: str, **engine_fields: Any) -> LoaderStats:
         busy_s = totals.wait_s + totals.step_s
         p50 = totals.waits.quantile(0.50)
         p99 = totals.waits.quantile(0.99)
         tokens = totals.tokens_known and totals.padded_tokens > 0
         fields: dict[str, Any] = {
             "epoch": epoch,
+            "scope": scope,
             "batches": totals.batches,
             "steady_batches": totals.steady_batches,
             "samples": totals.samples,

@@ -4,8 +4,9 @@ and ``diagnose``: the one line that says what to change.
 Vocabulary. The consumer (the training loop) alternates between *wait* — blocked inside
 ``next()`` — and *step* — everything between two ``next()`` calls. The *stall fraction*
 ``wait / (wait + step)`` is the share of the loop's time the device would sit idle for want of
-data. The first batch of each epoch is start-up (workers starting, files opening), reported as
-``first_batch_s`` and kept out of the stall fraction and the wait quantiles.
+data. The first batch of each epoch is start-up (from the call to ``iter()``: workers starting,
+files opening), reported as ``first_batch_s`` and kept out of the stall fraction and the wait
+quantiles.
 """
 
 from __future__ import annotations
@@ -33,16 +34,22 @@ class LoaderStats:
 
     Consumer side (measured by :class:`~fastload._metrics.StallMeter`):
 
-    * ``epoch``: the epoch the snapshot covers (the latest one for a run-wide snapshot).
-    * ``batches``, ``samples``: delivered to the consumer, first batches included.
+    * ``scope``: ``"epoch"`` (one epoch) or ``"run"`` (every epoch so far).
+    * ``epoch``: the epoch the snapshot covers (the latest one for a run-wide snapshot), numbered
+      as the loader's sampler numbers it (``set_epoch``), else from 0; the same number as in
+      ``loader.epoch_stats``.
+    * ``epochs``: the epochs a run-wide snapshot covers (1 for an epoch's).
+    * ``batches``, ``samples``: delivered to the consumer, first batches included, over the
+      scope (a run-wide snapshot's are the run's totals).
+    * ``epoch_batches``: in a run-wide snapshot, the batches of its latest epoch alone.
     * ``steady_batches``: the batches that count toward the stall: all but each epoch's first.
     * ``wait_s``, ``step_s``: time inside ``next()`` and between ``next()`` calls, each
       epoch's first batch excluded.
     * ``stall_fraction``: ``wait_s / (wait_s + step_s)``; 0 when both are 0.
     * ``p50_wait_ms``, ``p99_wait_ms``: quantiles of the per-batch wait (milliseconds, within
       2.5 %), first batches excluded.
-    * ``first_batch_s``: time to the first batch (of this epoch; of the first epoch for a
-      run-wide snapshot).
+    * ``first_batch_s``: time from the call to ``iter()`` to the first batch (of this epoch; of
+      the first epoch for a run-wide snapshot).
     * ``samples_per_s``, ``batches_per_s``, ``padded_tokens_per_s``: consumed per second of
       ``wait_s + step_s`` (steady state; start-up is in ``first_batch_s``).
     * ``padding_efficiency``: real tokens / padded tokens over all batches (1.0 = no padding).
@@ -58,6 +65,8 @@ class LoaderStats:
       fastload's readers leave in the memory map are read by the gather into the batch slot,
       so for them that gather counts as reading.
     * ``num_workers``, ``respawns``, ``retries``, ``skipped_samples``: counts.
+    * ``fast_path``: whether batches are built by the dataset's ``read_batch`` and a slot
+      collate (``None``: not known); the diagnosis suggests the fast path only without it.
     * ``main_batches``: batches the main process built itself (the fast path's one-call builds)
       because none of its workers had started them when ``next()`` would have waited.
     * ``gpu_idle_s`` (with ``device="cuda"``): time the GPU sat between finishing the work queued
@@ -79,7 +88,10 @@ class LoaderStats:
     """
 
     epoch: int = 0
+    scope: str = "epoch"
+    epochs: int = 1
     batches: int = 0
+    epoch_batches: int | None = None
     steady_batches: int = 0
     samples: int = 0
     wait_s: float = 0.0
@@ -103,6 +115,7 @@ class LoaderStats:
     main_batches: int = 0
     skipped_samples: int = 0
     gpu_idle_s: float | None = None
+    fast_path: bool | None = None
     downloaded_bytes: int | None = None
     download_mb_per_s: float | None = None
     cache_hits: int | None = None
@@ -127,9 +140,15 @@ class LoaderStats:
         return data
 
     def __str__(self) -> str:
-        parts = [
-            f"epoch {self.epoch}",
-            f"{self.batches:,} batches",
+        if self.scope == "run":
+            latest = "" if self.epoch_batches is None else f" ({self.epoch_batches:,} in epoch {self.epoch})"
+            parts = [
+                f"run ({self.epochs} epoch{'' if self.epochs == 1 else 's'}, latest {self.epoch})",
+                f"{self.batches:,} batches in all{latest}",
+            ]
+        else:
+            parts = [f"epoch {self.epoch}", f"{self.batches:,} batches"]
+        parts += [
             f"{self.samples_per_s:,.0f} samples/s",
             f"stall {self.stall_fraction * 100:.1f} %",
         ]
@@ -176,6 +195,8 @@ def diagnose(stats: LoaderStats) -> str:
         cache, the shards);
       - ``num_workers == 0``: loader-bound, loading runs in the training process;
       - worker time unknown: loader-bound, judged from the stall alone.
+
+      The fast path is advised only to a loader known not to be on it (``fast_path``).
     """
     if stats.steady_batches < MIN_BATCHES:
         return (
@@ -191,11 +212,11 @@ def diagnose(stats: LoaderStats) -> str:
     if stats.num_workers == 0:
         return (
             f"loader-bound: loading runs in the training process (num_workers=0) and the step "
-            f"waits {stall} of the time, add workers"
+            f"waits {stall} of the time, add workers" + _cheaper_batches(stats)
         )
     busy = stats.mean_worker_busy
     if busy is None:
-        return f"loader-bound: the step waits {stall} of the time, add workers"
+        return f"loader-bound: the step waits {stall} of the time, add workers" + _cheaper_batches(stats)
     if busy >= BUSY_SATURATED:
         share = stats.worker_read_share
         if share is not None and share >= READ_BOUND_SHARE:
@@ -204,12 +225,26 @@ def diagnose(stats: LoaderStats) -> str:
                 f"time); the step waits {stall} of the time: use a contiguous, uncompressed "
                 "file on faster storage, or more workers to overlap the reads"
             )
-        return f"loader-bound: workers busy {busy * 100:.0f} %, add workers"
-    return (
+        return f"loader-bound: workers busy {busy * 100:.0f} %, add workers" + _cheaper_batches(stats)
+    idle = (
         f"delivery-bound: workers idle {100 - busy * 100:.0f} % of the time while the step waits "
-        f"{stall}: the main process receiving batches is the bottleneck; use the fast path (a "
-        "dataset with read_batch and lengths, and PadCollate) or raise prefetch_factor"
+        f"{stall}: the main process receiving batches is the bottleneck; "
     )
+    if stats.fast_path:
+        return idle + "the loader is already on the fast path: raise prefetch_factor"
+    if stats.fast_path is None:
+        return idle + f"use {_FAST_PATH} if it is not on it, or raise prefetch_factor"
+    return idle + f"use {_FAST_PATH} or raise prefetch_factor"
+
+
+_FAST_PATH = "the fast path (a dataset with read_batch and lengths, and PadCollate)"
+
+
+def _cheaper_batches(stats: LoaderStats) -> str:
+    """For a loader known to be off the fast path: the cheaper way to build its batches."""
+    if stats.fast_path is False:
+        return f", or use {_FAST_PATH}, which builds a batch in one call"
+    return ""
 
 
 def _storage_bound(stats: LoaderStats, share: float, stall: str) -> str:

@@ -7,12 +7,14 @@ fails at once instead of in the middle of an epoch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from fastload._types import Field
 
 OversizePolicy = Literal["error", "skip", "truncate"]
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
@@ -51,6 +53,41 @@ def as_lengths(name: str, lengths: npt.ArrayLike) -> npt.NDArray[np.int64]:
         raise ValueError(f"{name}[{first}] is {int(result[first])}; lengths must be >= 0")
     result.flags.writeable = False
     return result
+
+
+def uniform_lengths_message(
+    lengths: npt.NDArray[np.int64],
+    *,
+    option: str,
+    dataset: str,
+    fields: Mapping[str, Field] | None,
+    packing: bool = False,
+) -> str | None:
+    """What to tell the user when ``option`` (``length_grouped=True``, ``max_tokens=N``,
+    ``pack_length=N``) gets nothing from the lengths of ``dataset`` (its type name), whose
+    ``fields`` say where the lengths come from: all equal, so grouping by length groups
+    nothing (for packing: all 1, samples of one element each). ``None`` when they vary."""
+    if lengths.size < 2:
+        return None
+    first = int(lengths[0])
+    if not bool((lengths == first).all()) or (packing and first != 1):
+        return None
+    ragged = [name for name, field in (fields or {}).items() if field.kind == "ragged"]
+    if fields is None:
+        source = "its `lengths`"
+    elif not ragged:
+        names = ", ".join(repr(name) for name in fields)
+        source = f"it has no ragged field (fields: {names}), so every sample counts as length 1"
+    elif len(ragged) == 1:
+        source = f"the lengths of its ragged field {ragged[0]!r}"
+    else:
+        source = f"the lengths of its length field (one of {', '.join(map(repr, ragged))})"
+    effect = "packs one-element samples" if packing else "groups nothing"
+    return (
+        f"{dataset}: all {lengths.size:,} lengths are {first} ({source}), so {option} {effect}; "
+        "a text column is read as one value per sample: tokenize it first (fastload convert "
+        "--tokenizer ...) or give the ragged field to group by (length_field=)"
+    )
 
 
 def round_up(values: npt.NDArray[np.int64], multiple: int) -> npt.NDArray[np.int64]:

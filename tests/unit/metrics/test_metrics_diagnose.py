@@ -3,6 +3,7 @@ ManualClock: a slow loader and a fast consumer must be told apart, and why the l
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -124,3 +125,47 @@ def test_start_up_alone_never_counts_as_a_stall() -> None:
     assert stats.first_batch_s == 60.0
     assert stats.stall_fraction == 0.0
     assert stats.diagnosis.startswith("consumer-bound")
+
+
+@pytest.mark.parametrize("fast_path", [True, False, None])
+def test_delivery_advice_fits_the_path_the_loader_is_on(fast_path: bool | None) -> None:
+    stats = LoaderStats(
+        steady_batches=MIN_BATCHES, stall_fraction=0.25, num_workers=4, worker_busy=(0.3,) * 4,
+        fast_path=fast_path,
+    )
+    line = diagnose(stats)
+    assert line.startswith("delivery-bound")
+    if fast_path:
+        assert "use the fast path" not in line and "already on the fast path" in line
+        assert "raise prefetch_factor" in line
+    elif fast_path is False:
+        assert "use the fast path (a dataset with read_batch and lengths, and PadCollate)" in line
+    else:
+        assert "if it is not on it" in line
+
+
+@pytest.mark.parametrize("fast_path", [True, False, None])
+def test_loader_bound_advice_fits_the_path_the_loader_is_on(fast_path: bool | None) -> None:
+    stats = LoaderStats(
+        steady_batches=MIN_BATCHES, stall_fraction=0.25, num_workers=2, worker_busy=(0.95, 0.95),
+        fast_path=fast_path,
+    )
+    line = diagnose(stats)
+    assert line.startswith("loader-bound: workers busy 95 %, add workers")
+    assert ("fast path" in line) == (fast_path is False)
+    in_process = diagnose(dataclasses.replace(stats, num_workers=0, worker_busy=()))
+    assert ("fast path" in in_process) == (fast_path is False)
+
+
+@pytest.mark.parametrize("fast_path", [True, False, None])
+def test_every_other_branch_advises_the_fast_path_only_off_it(fast_path: bool | None) -> None:
+    base = LoaderStats(steady_batches=MIN_BATCHES, stall_fraction=0.25, num_workers=2, fast_path=fast_path)
+    unknown_busy = diagnose(base)
+    assert unknown_busy.startswith("loader-bound: the step waits 25 %")
+    assert ("fast path" in unknown_busy) == (fast_path is False)
+    io_bound = diagnose(dataclasses.replace(base, worker_busy=(0.9, 0.9), worker_read_share=0.8))
+    storage_bound = diagnose(dataclasses.replace(base, storage_wait_share=0.9, cache_misses=3))
+    assert io_bound.startswith("IO-bound") and storage_bound.startswith("storage-bound")
+    assert "fast path" not in io_bound + storage_bound
+    fine = diagnose(dataclasses.replace(base, stall_fraction=0.0))
+    assert fine.startswith("consumer-bound") and "fast path" not in fine

@@ -329,3 +329,30 @@ def test_without_workers_the_storage_wait_is_a_share_of_the_consumers_wait() -> 
     feed(meter, clock, [1.0, 0.5, 0.5], step_s=1.0)  # first batch 1 s, steady waits 1 s
     meter.add_storage(StorageCounts(1.5, 10, 0, 2), prefetched_bytes=0, busy_s=0.0)
     assert meter.snapshot().storage_wait_share == pytest.approx(1.5 / 2.0)
+
+
+def test_the_first_batch_counts_from_the_start_of_the_epoch_when_given() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    meter.start_epoch(clock())  # iter(): workers start, shards open
+    clock.advance(4.5)
+    feed(meter, clock, [0.4, 0.1], step_s=0.1)
+    summary = meter.end_epoch()
+    assert summary.first_batch_s == pytest.approx(4.9)
+    assert summary.wait_s == pytest.approx(0.1)  # start-up stays out of the stall
+
+
+def test_one_epoch_number_and_per_epoch_counts() -> None:
+    clock = ManualClock()
+    meter = StallMeter(clock)
+    for epoch in (3, 4):
+        meter.start_epoch(clock(), epoch)
+        feed(meter, clock, [1.0, 0.5], step_s=0.5)
+        summary = meter.end_epoch()
+        run, last = meter.snapshot(), meter.snapshot(scope="epoch")
+        assert summary.epoch == run.epoch == last.epoch == epoch
+        assert last == summary and (last.scope, last.batches) == ("epoch", 2)
+        assert (run.scope, run.epoch_batches, run.epochs) == ("run", 2, epoch - 2)
+    assert run.batches == 4 and str(run).startswith("run (2 epochs, latest 4) | 4 batches in all (2 in epoch 4)")
+    meter.start_epoch(clock())  # unnumbered: the next one
+    assert meter.snapshot(scope="epoch").epoch == 5
