@@ -9,7 +9,7 @@ a user's object by attribute name: a dataset whose own ``fields`` is a dict of l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from fastload._protocols import (
     BoundedCollate,
     CheckedMapReader,
     CountsStorage,
+    FinishingCollate,
     MapsRagged,
     OneCallCollate,
     PrefetchesShards,
@@ -72,6 +73,8 @@ class CollateCapabilities:
     max_layout: bool = False
     takes_spans: bool = False
     process_independent: bool = False
+    #: The last step of a written batch, run where it lands (``FinishingCollate``), or None.
+    finish_batch: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,11 @@ def resolve_collate(collate: Any) -> CollateCapabilities:
         max_layout=isinstance(collate, BoundedCollate) and callable(collate.max_layout),
         takes_spans=isinstance(collate, SpanCollate) and _flag(collate, "takes_spans"),
         process_independent=isinstance(collate, ProcessIndependentCollate) and _flag(collate, "process_independent"),
+        finish_batch=(
+            collate.finish_batch
+            if isinstance(collate, FinishingCollate) and _flag(collate, "device_labels") and callable(collate.finish_batch)
+            else None
+        ),
     )
 
 

@@ -24,6 +24,7 @@ from fastload._collate._pack import (
     LABELS,
     MAX_SEQLEN,
     POSITIONS,
+    ROW_TOKENS,
     PackCollate,
 )
 from fastload._collate._pack_source import PackedSource
@@ -38,7 +39,15 @@ class PackExpressBuilder:
     """A :class:`~fastload._protocols.OneCallBuilder` of packed batches over one mapped field."""
 
     def __init__(
-        self, name: str, values: np.ndarray, offsets: np.ndarray, collate: PackCollate, out: np.dtype, pad: Any
+        self,
+        name: str,
+        values: np.ndarray,
+        offsets: np.ndarray,
+        collate: PackCollate,
+        out: np.dtype,
+        pad: Any,
+        positions: np.dtype,
+        labels: bool,
     ) -> None:
         native = _kernels._native
         assert native is not None
@@ -48,6 +57,8 @@ class PackExpressBuilder:
         self._source = (codes[values.dtype], math.prod(values.shape[1:]))
         self._out = (codes[out], int(pad), float(pad), collate._label_pad, collate.seq_len, ALIGN)
         self._name, self._ids_dtype = name, out.str
+        self._positions = (positions.itemsize, positions.str)
+        self._labels = labels
         self.last_s = 0.0
 
     def build_into(self, indices: bytes, buffer: np.ndarray, offset: int, capacity: int) -> Built | TooLarge | None:
@@ -56,7 +67,7 @@ class PackExpressBuilder:
         ot, pad_int, pad_float, label_pad, seq_len, align = self._out
         status, rows, segments, real, nbytes, pos_at, lab_at, doc_at, cu_at, max_at = self._gather(
             self._values, vt, items, self._offsets, indices, buffer, offset, capacity,
-            ot, pad_int, pad_float, label_pad, seq_len, align,
+            ot, pad_int, pad_float, label_pad, seq_len, align, self._positions[0], self._labels,
         )  # fmt: skip
         if status == _CANNOT:
             return None
@@ -64,10 +75,16 @@ class PackExpressBuilder:
             return TooLarge(nbytes)
         self.last_s = time.perf_counter() - started
         cells = (rows, seq_len)
-        arrays: tuple[tuple[str, int, tuple[int, ...], str], ...] = (
-            (self._name, 0, cells, self._ids_dtype),
-            (POSITIONS, pos_at, cells, _I64),
-            (LABELS, lab_at, cells, _I64),
+        # In the layout's order (``_pack._layout``); without labels, lab_at holds row_tokens.
+        head: tuple[tuple[str, int, tuple[int, ...], str], ...] = (
+            ((self._name, 0, cells, self._ids_dtype), (POSITIONS, pos_at, cells, self._positions[1]),
+             (LABELS, lab_at, cells, _I64))
+            if self._labels
+            else ((self._name, 0, cells, self._ids_dtype), (ROW_TOKENS, lab_at, (rows,), _I32),
+                  (POSITIONS, pos_at, cells, self._positions[1]))
+        )  # fmt: skip
+        arrays = (
+            *head,
             (DOCUMENTS, doc_at, cells, _I32),
             (CU_SEQLENS, cu_at, (segments + 1,), _I32),
             (MAX_SEQLEN, max_at, (), _I64),
@@ -97,7 +114,7 @@ def pack_express_builder(reader: Any, collate: PackCollate) -> PackExpressBuilde
     codes = _kernels.NATIVE_TYPES
     if values.dtype not in codes or out not in codes or out.kind not in "iu":
         return None
-    return PackExpressBuilder(name, values, offsets, collate, out, pad)
+    return PackExpressBuilder(name, values, offsets, collate, out, pad, schema.positions, schema.labels)
 
 
 __all__ = ["PackExpressBuilder", "pack_express_builder"]
