@@ -566,9 +566,10 @@ def finish_packed(
 ) -> torch.Tensor:
     """The int64 ``labels`` of packed ``[B, L]`` ids, on their device: the ids, ``label_pad``
     on each piece's first token (position 0) and past each row's ``row_tokens`` real tokens."""
-    cells = torch.arange(ids.shape[1], device=ids.device)
-    real = cells < row_tokens.to(torch.int64).unsqueeze(1)
-    return ids.to(torch.int64).masked_fill(~(real & (positions != 0)), label_pad)
+    # Few operations: on the GPU each is a kernel launched from the training loop's thread.
+    kept = torch.arange(ids.shape[1], device=ids.device) < row_tokens.unsqueeze(1)
+    kept.logical_and_(positions != 0)
+    return torch.where(kept, ids.to(torch.int64), label_pad)
 
 
 __all__ = ["GENERATED", "PackCollate"]
