@@ -14,8 +14,12 @@ the padded batches (8 × 2048, so that random batches of 8 rows never exceed it 
 3. **loader tokens/s**: ``fastload.DataLoader`` over an HDF5 file of token sequences (uint16
    ids, none of them 0, so the pad value 0 tells padding apart), ``num_workers=2``, consumed as
    fast as possible, a fresh loader per round: ``pack_length=2048, batch_size=8`` against
-   ``max_tokens=16384`` (the length-grouped fast path, int64 ids and a bool mask). Each epoch's
-   ids are summed and counted, so every token is checked to arrive exactly once;
+   ``max_tokens=16384`` (the length-grouped fast path, int64 ids and a bool mask), and packed
+   with the narrow outputs: ``PackCollate(position_dtype=torch.int32)`` (24 bytes a token
+   instead of 28), and with ``device_labels=True`` too (16 bytes a token: no ``labels`` in the
+   slots; the consumer's loader builds them from the ids with torch, as it does on the GPU
+   after the copy with ``device="cuda"``). Each epoch's ids are summed and counted, so every
+   token is checked to arrive exactly once;
 4. **training tokens/s**: the same loaders, plus random batches of 8 (``batch_size=8,
    shuffle=True``, ``PadCollate``), feeding a small next-token model on the CPU whose cost is
    proportional to rows × width (an embedding, two per-token MLP blocks, an output layer; Adam):
@@ -34,8 +38,10 @@ Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_packing.py -s -p no:cac
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -245,6 +251,16 @@ def packed_loader(path: Path, **options: Any) -> fastload.DataLoader[Any]:
     return fastload.DataLoader(dataset, pack_length=SEQ_LEN, batch_size=ROWS, **options)
 
 
+def narrow_loader(path: Path, **options: Any) -> fastload.DataLoader[Any]:
+    collate = fastload.PackCollate(SEQ_LEN, rows=ROWS, position_dtype=torch.int32)
+    return packed_loader(path, collate_fn=collate, **options)
+
+
+def narrow_labels_loader(path: Path, **options: Any) -> fastload.DataLoader[Any]:
+    collate = fastload.PackCollate(SEQ_LEN, rows=ROWS, position_dtype=torch.int32, device_labels=True)
+    return packed_loader(path, collate_fn=collate, **options)
+
+
 def grouped_loader(path: Path, **options: Any) -> fastload.DataLoader[Any]:
     dataset = fastload.HDF5Dataset(path, fields=["tokens"])
     collate = fastload.PadCollate(dtype=torch.int64, mask_dtype=torch.bool)
@@ -263,6 +279,14 @@ class Epoch(NamedTuple):
     real_tokens: int
     total_tokens: int
     id_sum: int
+    cpu_s: float = 0.0  # this process's and its reaped children's CPU time (see cpu_seconds)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have exited (a loader's workers,
+    once it is closed): less swayed than wall time by what else runs on a shared machine."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def consume(loader: Iterable[Any]) -> Epoch:
@@ -288,20 +312,25 @@ def test_loader_tokens_per_second_packed_against_padded(
     makers = {
         "length-grouped padding, max_tokens=16384 (baseline)": grouped_loader,
         f"packed, pack_length={SEQ_LEN}, batch_size={ROWS}": packed_loader,
+        "packed, int32 position_ids": narrow_loader,
+        "packed, int32 position_ids, device_labels": narrow_labels_loader,
     }
     epochs: dict[str, list[Epoch]] = {name: [] for name in makers}
     efficiency: dict[str, float | None] = {}
     for round_number in range(size.loader_rounds):
-        order = list(makers) if round_number % 2 == 0 else list(makers)[::-1]
-        for name in order:
+        shift = round_number % len(makers)
+        names = list(makers)
+        for name in names[shift:] + names[:shift]:
+            cpu_before = cpu_seconds()
             loader = makers[name](corpus.path, num_workers=WORKERS)
             epoch = consume(loader)
             # Every token exactly once: the count and the sum of the file's ids.
             assert (epoch.real_tokens, epoch.id_sum) == (int(corpus.lengths.sum()), corpus.id_sum), name
             stats = loader.stats()
             efficiency[name] = stats.packing_efficiency or stats.padding_efficiency
-            epochs[name].append(epoch)
             del loader
+            gc.collect()  # the workers exit and are reaped: their CPU time counts
+            epochs[name].append(epoch._replace(cpu_s=cpu_seconds() - cpu_before))
     baseline = "length-grouped padding, max_tokens=16384 (baseline)"
 
     def median(name: str, figure: Callable[[Epoch], float]) -> float:
@@ -325,19 +354,21 @@ def test_loader_tokens_per_second_packed_against_padded(
             f"{total_rate[name] / total_rate[baseline]:.2f}x",
             f"{efficiency[name]:.3f}",
             f"{median(name, lambda e: e.first_batch_s) * 1e3:.0f} ms",
+            f"{median(name, lambda e: e.cpu_s / e.real_tokens) * 1e9:.1f}",
         )
         for name in makers
     ]
     report(
         f"packing-loader-{bench_size}",
         {"real_tokens_per_s": real_rate, "total_tokens_per_s": total_rate, "paired": paired,
+         "cpu_ns_per_token": {n: median(n, lambda e: e.cpu_s / e.real_tokens) * 1e9 for n in makers},
          "efficiency": efficiency, "samples": int(corpus.lengths.size), "rounds": size.loader_rounds},
         table(
             f"loader tokens/s, {corpus.lengths.size:,} samples ({int(corpus.lengths.sum()):,} "
             f"tokens) an epoch, {WORKERS} workers, median of {size.loader_rounds} fresh loaders "
             "(target: packed >= 0.9x padded)",
             ("loader", "real tokens/s", "vs padded", "per round", "rows x width /s", "vs padded",
-             "real / width", "first batch"),
+             "real / width", "first batch", "CPU ns / real token"),
             rows,
         ),
         capsys,

@@ -9,7 +9,7 @@ a user's object by attribute name: a dataset whose own ``fields`` is a dict of l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from fastload._protocols import (
     CheckedMapReader,
     CountsSkipped,
     CountsStorage,
+    FinishingCollate,
     FollowsLoaderEpoch,
     GetsItems,
     KeepsEpoch,
@@ -88,6 +89,8 @@ class CollateCapabilities:
     #: Why its ``pad_to_multiple_of`` cannot be used (not a positive int), else ``None``: an
     #: error where a ``max_tokens`` plan needs the multiple.
     rounding_error: str | None = None
+    #: The last step of a written batch, run where it lands (``FinishingCollate``), or None.
+    finish_batch: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,11 @@ def resolve_collate(collate: Any) -> CollateCapabilities:
         process_independent=isinstance(collate, ProcessIndependentCollate) and _flag(collate, "process_independent"),
         pad_to_multiple_of=multiple,
         rounding_error=rounding_error,
+        finish_batch=(
+            collate.finish_batch
+            if isinstance(collate, FinishingCollate) and _flag(collate, "device_labels") and callable(collate.finish_batch)
+            else None
+        ),
     )
 
 

@@ -118,6 +118,7 @@ class _BaseIterator(abc.ABC):
         self._device = self._options.device
         self._on_device: Any = None  # the prefetcher's iterator, per epoch
         self._prefetcher: DevicePrefetcher | None = None
+        self._finish = self._capabilities.collate.finish_batch  # built where the batch lands
         self._fast_collate = fast_path_collate(
             self._dataset, loader.collate_fn, loader._auto_collation, loader.num_workers, self._capabilities
         )
@@ -143,6 +144,8 @@ class _BaseIterator(abc.ABC):
         try:
             if self._device is None:
                 data, counts = self._next_host()
+                if self._finish is not None:
+                    data = self._finish(data)
             else:
                 data, counts = self._next_on_device()
         except BaseException as exc:
@@ -193,7 +196,10 @@ class _BaseIterator(abc.ABC):
     def _next_on_device(self) -> tuple[Any, Counts]:
         if self._on_device is None:
             assert self._device is not None
-            self._prefetcher = DevicePrefetcher(_HostBatches(self), self._device)
+            finish = self._finish
+            self._prefetcher = DevicePrefetcher(
+                _HostBatches(self), self._device, finish=None if finish is None else lambda pair: (finish(pair[0]), pair[1])
+            )
             self._on_device = iter(self._prefetcher)
         return next(self._on_device)  # a (batch, counts) pair: see _HostBatches
 

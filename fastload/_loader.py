@@ -204,7 +204,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if collate_fn is None and _packs(batch_sampler):
             from fastload._collate import PackCollate
 
-            collate_fn = PackCollate(batch_sampler.seq_len, rows=batch_sampler.rows)
+            # On the GPU, labels are built there from the ids: 8 bytes a token not copied.
+            collate_fn = PackCollate(
+                batch_sampler.seq_len, rows=batch_sampler.rows, device_labels=options.device is not None
+            )
         elif collate_fn is None and own.reads_batches:
             from fastload._collate import PadCollate
 

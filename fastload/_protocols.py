@@ -267,6 +267,19 @@ class SpanCollate(Protocol):
 
 
 @runtime_checkable
+class FinishingCollate(Protocol):
+    """A slot collate whose written batches take a last step where they land: on the device
+    after the copy (``device="cuda"``), else on the host (``PackCollate(device_labels=True)``
+    builds its labels there). ``device_labels`` says whether it needs the step."""
+
+    device_labels: bool
+
+    def finish_batch(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The batch as the collate's ``__call__`` returns it, from the arrays it wrote, with
+        torch operations on the batch's own device."""
+
+
+@runtime_checkable
 class ProcessIndependentCollate(Protocol):
     """A slot collate whose output is a function of the columnar batch alone."""
 
@@ -356,6 +369,7 @@ __all__ = [
     "CheckedMapReader",
     "CountsSkipped",
     "CountsStorage",
+    "FinishingCollate",
     "FollowsLoaderEpoch",
     "GetsItems",
     "InPlaceReader",

@@ -139,7 +139,7 @@ def pack_into(
     (``[B, L, *elem]``) gets the pieces ``row_offsets[r]:row_offsets[r + 1]`` back to back,
     piece ``p`` being ``source[starts[p]:starts[p] + lengths[p]]``, then ``pad_value``; and,
     where given, the int64 ``labels`` (the values, ``label_pad`` on each piece's first element
-    and on the padding), int64 ``positions`` and int32 ``documents`` of those rows. ``False``
+    and on the padding), int64 or int32 ``positions`` and int32 ``documents`` of those rows. ``False``
     (nothing written) where the kernel is not built or does not take the layout or dtypes: the
     caller's numpy code does the work then."""
     if _native is None:
@@ -151,6 +151,8 @@ def pack_into(
         return False
     extras = (labels, positions, documents)
     if any(a is not None and not a.flags.c_contiguous for a in extras):
+        return False
+    if positions is not None and positions.dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
         return False
     real = out_type >= NATIVE_TYPES[np.dtype(np.float32)]
     _native.pack_rows(
@@ -169,6 +171,7 @@ def pack_into(
         int(label_pad),
         positions,
         documents,
+        8 if positions is None else positions.dtype.itemsize,
     )
     return True
 

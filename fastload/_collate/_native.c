@@ -308,43 +308,68 @@ done:
 
 
 /* One piece of int64 token ids in one pass over its source: ids, labels (the first one
- * label_pad), positions and document ids together, for the source types token ids come in.
- * Returns 0 (nothing written) for another source type. */
-#define FUSED(S)                                                                               \
+ * label_pad; none where labels is NULL), positions (of type P) and document ids together, for
+ * the source types token ids come in. Returns 0 (nothing written) for another source type. */
+#define FUSED(S, P)                                                                            \
     do {                                                                                       \
         const S *s = (const S *)from;                                                          \
-        for (Py_ssize_t k = 0; k < n; k++) {                                                   \
-            int64_t v = (int64_t)s[k];                                                         \
-            ids[k] = v;                                                                        \
-            labels[k] = v;                                                                     \
-            positions[k] = k;                                                                  \
-            documents[k] = doc;                                                                \
-        }                                                                                      \
+        P *pos = (P *)positions;                                                               \
+        if (labels != NULL)                                                                    \
+            for (Py_ssize_t k = 0; k < n; k++) {                                               \
+                int64_t v = (int64_t)s[k];                                                     \
+                ids[k] = v;                                                                    \
+                labels[k] = v;                                                                 \
+                pos[k] = (P)k;                                                                 \
+                documents[k] = doc;                                                            \
+            }                                                                                  \
+        else                                                                                   \
+            for (Py_ssize_t k = 0; k < n; k++) {                                               \
+                ids[k] = (int64_t)s[k];                                                        \
+                pos[k] = (P)k;                                                                 \
+                documents[k] = doc;                                                            \
+            }                                                                                  \
     } while (0)
 
-static int fused_int64(int source_type, const unsigned char *from, Py_ssize_t n, int64_t *ids,
-                       int64_t *labels, int64_t *positions, int32_t *documents, int32_t doc,
-                       long long label_pad) {
-    switch (source_type) {
-    case T_U16: FUSED(uint16_t); break;
-    case T_I32: FUSED(int32_t); break;
-    case T_U32: FUSED(uint32_t); break;
-    case T_I64: FUSED(int64_t); break;
-    default: return 0;
+#define FUSED_SOURCES(P)                                                                       \
+    switch (source_type) {                                                                     \
+    case T_U16: FUSED(uint16_t, P); break;                                                     \
+    case T_I32: FUSED(int32_t, P); break;                                                      \
+    case T_U32: FUSED(uint32_t, P); break;                                                     \
+    case T_I64: FUSED(int64_t, P); break;                                                      \
+    default: return 0;                                                                         \
     }
-    if (n > 0) labels[0] = label_pad;
+
+static int fused_int64(int source_type, const unsigned char *from, Py_ssize_t n, int64_t *ids,
+                       int64_t *labels, void *positions, Py_ssize_t pos_size, int32_t *documents,
+                       int32_t doc, long long label_pad) {
+    if (pos_size == 8) {
+        FUSED_SOURCES(int64_t)
+    } else {
+        FUSED_SOURCES(int32_t)
+    }
+    if (n > 0 && labels != NULL) labels[0] = label_pad;
     return 1;
 }
 
+/* Position k of the packed cells, of pos_size bytes (int64 or int32). */
+static void put_position(void *positions, Py_ssize_t pos_size, Py_ssize_t at, Py_ssize_t k) {
+    if (pos_size == 8)
+        ((int64_t *)positions)[at] = (int64_t)k;
+    else
+        ((int32_t *)positions)[at] = (int32_t)k;
+}
+
 /* Packed rows (see pack_rows' doc): row r holds pieces row_at[r]..row_at[r + 1] - 1, piece p
- * being count[p] elements of src from element first[p]. labels, positions, documents and cu
- * (the segment boundaries: every piece, and each row's padding run) may be NULL. Returns the
- * longest segment. Bounds are the caller's to check. */
+ * being count[p] elements of src from element first[p]. labels, positions (pos_size bytes an
+ * element), documents, cu (the segment boundaries: every piece, and each row's padding run)
+ * and row_tokens (each row's real tokens) may be NULL. Returns the longest segment. Bounds are
+ * the caller's to check. */
 static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_t items,
                             const int64_t *first, const int64_t *count, const int64_t *row_at,
                             Py_ssize_t rows, unsigned char *ids, int out_type, Py_ssize_t seq_len,
                             const unsigned char *pad, int64_t *labels, long long label_pad,
-                            int64_t *positions, int32_t *documents, int32_t *cu) {
+                            void *positions, Py_ssize_t pos_size, int32_t *documents, int32_t *cu,
+                            int32_t *row_tokens) {
     Py_ssize_t src_item = type_size[source_type] * items, out_item = type_size[out_type] * items;
     convert_fn convert = converters[source_type][out_type];
     convert_fn to_int64 = converters[source_type][T_I64];
@@ -358,10 +383,11 @@ static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_
         for (int64_t p = row_at[r]; p < row_at[r + 1]; p++, doc++) {
             Py_ssize_t n = (Py_ssize_t)count[p];
             const unsigned char *from = src + first[p] * src_item;
-            if (items == 1 && out_type == T_I64 && labels != NULL && positions != NULL &&
-                documents != NULL && fused_int64(source_type, from, n, (int64_t *)ids + base + at,
-                                                 labels + base + at, positions + base + at,
-                                                 documents + base + at, doc, label_pad)) {
+            if (items == 1 && out_type == T_I64 && positions != NULL && documents != NULL &&
+                fused_int64(source_type, from, n, (int64_t *)ids + base + at,
+                            labels != NULL ? labels + base + at : NULL,
+                            (unsigned char *)positions + (base + at) * pos_size, pos_size,
+                            documents + base + at, doc, label_pad)) {
                 at += n;
                 if (n > longest) longest = n;
                 if (cu != NULL) {
@@ -379,7 +405,7 @@ static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_
                 labels[base + at] = label_pad;
             }
             if (positions != NULL)
-                for (Py_ssize_t k = 0; k < n; k++) positions[base + at + k] = k;
+                for (Py_ssize_t k = 0; k < n; k++) put_position(positions, pos_size, base + at + k, k);
             if (documents != NULL)
                 for (Py_ssize_t k = 0; k < n; k++) documents[base + at + k] = doc;
             at += n;
@@ -389,11 +415,12 @@ static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_
                 segment++;
             }
         }
+        if (row_tokens != NULL) row_tokens[r] = (int32_t)at;
         Py_ssize_t gap = seq_len - at;
         fill(ids + (base + at) * out_item, gap * items, pad, type_size[out_type]);
         for (Py_ssize_t k = 0; k < gap; k++) {
             if (labels != NULL) labels[base + at + k] = label_pad;
-            if (positions != NULL) positions[base + at + k] = k;
+            if (positions != NULL) put_position(positions, pos_size, base + at + k, k);
             if (documents != NULL) documents[base + at + k] = doc;
         }
         if (gap > 0) {
@@ -409,12 +436,13 @@ static int64_t write_packed(const unsigned char *src, int source_type, Py_ssize_
 
 PyDoc_STRVAR(pack_rows_doc,
 "pack_rows(source, source_type, items, starts, lengths, row_offsets, out, out_type, seq_len,\n"
-"          pad_int, pad_float, labels, label_pad, positions, documents)\n\n"
+"          pad_int, pad_float, labels, label_pad, positions, documents, pos_size)\n\n"
 "Packed rows: row r of `out` (`seq_len` elements of `items` items each) gets pieces\n"
 "row_offsets[r]..row_offsets[r + 1] - 1 back to back, piece p being the `lengths[p]` elements\n"
 "of `source` from element `starts[p]`, converted to `out_type`; then the pad value. With\n"
 "`labels` (int64 [rows, seq_len], or None) the same values as int64 with `label_pad` on every\n"
-"piece's first element and on the padding; `positions` (int64, or None) 0, 1, ... restarting\n"
+"piece's first element and on the padding; `positions` (int64 or int32 as `pos_size` says, or\n"
+"None) 0, 1, ... restarting\n"
 "at every piece and at the padding; `documents` (int32, or None) each row's pieces numbered\n"
 "from 0, the padding the next number. Everything is checked before anything is written.");
 
@@ -422,22 +450,23 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
     Py_buffer source, starts, lengths, offsets, out;
     PyObject *labels_obj, *positions_obj, *documents_obj;
     int source_type, out_type;
-    Py_ssize_t items, seq_len;
+    Py_ssize_t items, seq_len, pos_size;
     long long pad_int, label_pad;
     double pad_float;
     (void)module;
-    if (!PyArg_ParseTuple(args, "y*iny*y*y*w*inLdOLOO", &source, &source_type, &items, &starts,
+    if (!PyArg_ParseTuple(args, "y*iny*y*y*w*inLdOLOOn", &source, &source_type, &items, &starts,
                           &lengths, &offsets, &out, &out_type, &seq_len, &pad_int, &pad_float,
-                          &labels_obj, &label_pad, &positions_obj, &documents_obj))
+                          &labels_obj, &label_pad, &positions_obj, &documents_obj, &pos_size))
         return NULL;
     Py_buffer extra[3];
     PyObject *extra_obj[3] = {labels_obj, positions_obj, documents_obj};
-    const Py_ssize_t extra_size[3] = {8, 8, 4};
+    const Py_ssize_t extra_size[3] = {8, pos_size, 4};
     int held[3] = {0, 0, 0};
     PyObject *result = NULL;
     const char *why = NULL;
     if (!valid_type(source_type) || !valid_type(out_type) || items < 1 || seq_len < 1 ||
-        starts.len % 8 || lengths.len != starts.len || offsets.len % 8 || offsets.len < 8) {
+        starts.len % 8 || lengths.len != starts.len || offsets.len % 8 || offsets.len < 8 ||
+        (pos_size != 4 && pos_size != 8)) {
         why = "pack_rows: invalid arguments";
         goto done;
     }
@@ -479,12 +508,12 @@ static PyObject *pack_rows(PyObject *module, PyObject *args) {
     unsigned char pad[8];
     encode(out_type, pad_int, pad_float, pad);
     int64_t *labels = held[0] ? (int64_t *)extra[0].buf : NULL;
-    int64_t *positions = held[1] ? (int64_t *)extra[1].buf : NULL;
+    void *positions = held[1] ? extra[1].buf : NULL;
     int32_t *documents = held[2] ? (int32_t *)extra[2].buf : NULL;
     Py_BEGIN_ALLOW_THREADS
     (void)write_packed((const unsigned char *)source.buf, source_type, items, first, count, row_at, rows,
                  (unsigned char *)out.buf, out_type, seq_len, pad, labels, label_pad, positions,
-                 documents, NULL);
+                 pos_size, documents, NULL, NULL);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
@@ -505,12 +534,14 @@ done:
 
 PyDoc_STRVAR(gather_pack_doc,
 "gather_pack(values, values_type, items, offsets, plan, out, base, capacity, out_type,\n"
-"            pad_int, pad_float, label_pad, seq_len, align)\n\n"
+"            pad_int, pad_float, label_pad, seq_len, align, pos_size, labels)\n\n"
 "A packed batch in one call, for one ragged field held whole in memory (sample i is\n"
 "values[offsets[i]:offsets[i + 1]]): `plan` is a PackedBatch's int64 encoding. Checks the\n"
 "plan against the samples and `seq_len`, lays out in `out` from byte `base` the ids\n"
-"([rows, seq_len], out_type), position_ids, labels (int64), document_ids (int32), cu_seqlens\n"
-"(int32) and max_seqlen (int64), each at a multiple of `align`, and writes them.\n"
+"([rows, seq_len], out_type), position_ids (int64, or int32 where `pos_size` is 4), labels\n"
+"(int64; where `labels` is 0, each row's real tokens as int32 [rows] instead), document_ids\n"
+"(int32), cu_seqlens (int32) and max_seqlen (int64), each at a multiple of `align`, and writes\n"
+"them.\n"
 "Returns (status, rows, segments, real, nbytes, positions_at, labels_at, documents_at,\n"
 "cu_at, max_at): status 0 written, 1 more than `capacity` bytes needed (nothing written),\n"
 "2 a plan this call does not take (nothing written: the general path says what is wrong).");
@@ -518,13 +549,14 @@ PyDoc_STRVAR(gather_pack_doc,
 static PyObject *gather_pack(PyObject *module, PyObject *args) {
     Py_buffer values, offsets, plan, out;
     int values_type, out_type;
-    Py_ssize_t items, base, capacity, seq_len, align;
+    Py_ssize_t items, base, capacity, seq_len, align, pos_size;
     long long pad_int, label_pad;
     double pad_float;
+    int with_labels;
     (void)module;
-    if (!PyArg_ParseTuple(args, "y*iny*y*w*nniLdLnn", &values, &values_type, &items, &offsets,
+    if (!PyArg_ParseTuple(args, "y*iny*y*w*nniLdLnnnp", &values, &values_type, &items, &offsets,
                           &plan, &out, &base, &capacity, &out_type, &pad_int, &pad_float,
-                          &label_pad, &seq_len, &align))
+                          &label_pad, &seq_len, &align, &pos_size, &with_labels))
         return NULL;
     PyObject *result = NULL;
     int64_t *first = NULL;
@@ -534,7 +566,7 @@ static PyObject *gather_pack(PyObject *module, PyObject *args) {
     long long real = 0;
     if (!valid_type(values_type) || !valid_type(out_type) || items < 1 || seq_len < 1 ||
         align < 1 || base < 0 || capacity < 0 || offsets.len % 8 || offsets.len < 8 ||
-        plan.len % 8) {
+        plan.len % 8 || (pos_size != 4 && pos_size != 8)) {
         PyErr_SetString(PyExc_ValueError, "gather_pack: invalid arguments");
         goto done;
     }
@@ -584,8 +616,8 @@ static PyObject *gather_pack(PyObject *module, PyObject *args) {
     if (status != 0) goto answer;
     Py_ssize_t cells = rows * seq_len;
     pos_at = round_up(cells * items * type_size[out_type], align);
-    lab_at = round_up(pos_at + cells * 8, align);
-    doc_at = round_up(lab_at + cells * 8, align);
+    lab_at = round_up(pos_at + cells * pos_size, align);
+    doc_at = round_up(lab_at + (with_labels ? cells * 8 : rows * 4), align);
     cu_at = round_up(doc_at + cells * 4, align);
     max_at = round_up(cu_at + (segments + 1) * 4, align);
     nbytes = round_up(max_at + 8, align);
@@ -602,8 +634,9 @@ static PyObject *gather_pack(PyObject *module, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     int64_t longest = write_packed(
         (const unsigned char *)values.buf, values_type, items, first, count, row_at, rows, slot,
-        out_type, seq_len, pad, (int64_t *)(slot + lab_at), label_pad,
-        (int64_t *)(slot + pos_at), (int32_t *)(slot + doc_at), (int32_t *)(slot + cu_at));
+        out_type, seq_len, pad, with_labels ? (int64_t *)(slot + lab_at) : NULL, label_pad,
+        slot + pos_at, pos_size, (int32_t *)(slot + doc_at), (int32_t *)(slot + cu_at),
+        with_labels ? NULL : (int32_t *)(slot + lab_at));
     memcpy(slot + max_at, &longest, 8);
     Py_END_ALLOW_THREADS
 answer:

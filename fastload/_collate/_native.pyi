@@ -35,6 +35,7 @@ def pack_rows(
     label_pad: int,
     positions: Any | None,
     documents: Any | None,
+    pos_size: int,
     /,
 ) -> None: ...
 
@@ -53,5 +54,7 @@ def gather_pack(
     label_pad: int,
     seq_len: int,
     align: int,
+    pos_size: int,
+    labels: bool,
     /,
 ) -> tuple[int, int, int, int, int, int, int, int, int, int]: ...

@@ -42,6 +42,10 @@ from fastload.errors import DataFormatError, FieldNotFoundError
 POSITIONS, LABELS, DOCUMENTS = "position_ids", "labels", "document_ids"
 CU_SEQLENS, MAX_SEQLEN = "cu_seqlens", "max_seqlen"
 GENERATED = (POSITIONS, LABELS, DOCUMENTS, CU_SEQLENS, MAX_SEQLEN)
+#: With ``device_labels``: each row's real tokens (int32 ``[B]``), in the host batch in place of
+#: ``labels``, right after the primary field (which is how :meth:`PackCollate.finish_batch`
+#: finds the primary field without the schema).
+ROW_TOKENS = "row_tokens"
 
 _INT64, _INT32 = np.dtype(np.int64), np.dtype(np.int32)
 
@@ -57,6 +61,9 @@ class _Schema:
     primary: str
     ragged: tuple[tuple[str, np.dtype, Scalar], ...]
     fixed: tuple[tuple[str, Scalar], ...]
+    positions: np.dtype = _INT64
+    #: Whether the host batch holds ``labels`` (else ``row_tokens``: ``device_labels``).
+    labels: bool = True
 
 
 class PackCollate:
@@ -68,8 +75,8 @@ class PackCollate:
       column 0, then ``pad_value``. The *primary* field (``primary``, else the first ragged
       field: the token ids) is written in ``dtype``; every other ragged field (a ``loss_mask``)
       keeps its stored dtype and is cut at the same tokens, so it must have the same lengths;
-    * ``position_ids`` int64 ``[B, L]``: 0, 1, 2, … restarting at every piece and at the row's
-      padding;
+    * ``position_ids`` int64 (``position_dtype``) ``[B, L]``: 0, 1, 2, … restarting at every
+      piece and at the row's padding;
     * ``labels`` int64 ``[B, L]``: the primary field's values, ``label_pad`` on the padding and
       on the first token of every piece (no document learns to predict the next one's start);
     * ``document_ids`` int32 ``[B, L]``: the pieces of each row numbered 0, 1, 2, … in row
@@ -104,6 +111,15 @@ class PackCollate:
     must cast to it without changing kind. ``fields`` selects the fields to output (default:
     all); no field may bear a generated array's name. ``ragged`` names the ragged fields of a
     list of sample dicts, or is a dataset's ``fields`` (see ``PadCollate``).
+
+    Narrower outputs, for a model that takes them (fewer bytes a token to write and to copy):
+    ``position_dtype=torch.int32`` writes ``position_ids`` as int32 (the same values).
+    ``device_labels=True`` leaves ``labels`` out of the batch the engine writes and puts
+    ``row_tokens`` (each row's real tokens, int32 ``[B]``) after the primary field instead;
+    :meth:`finish_batch` builds ``labels`` from the ids, ``position_ids`` and ``row_tokens``
+    with torch operations wherever the tensors are. ``fastload.DataLoader`` calls it after the
+    copy to the GPU (``device="cuda"``), on the host otherwise; ``__call__`` returns the
+    finished batch, so the output is the same either way.
     """
 
     def __init__(
@@ -117,6 +133,8 @@ class PackCollate:
         fields: Sequence[str] | None = None,
         dtype: torch.dtype = torch.int64,
         ragged: Collection[str] | Mapping[str, Field] | None = None,
+        position_dtype: torch.dtype = torch.int64,
+        device_labels: bool = False,
     ) -> None:
         checked_len = optional_positive("seq_len", seq_len)
         if checked_len is None:
@@ -138,6 +156,17 @@ class PackCollate:
         self._primary = primary
         self._fields = None if fields is None else names("fields", fields)
         self._dtype = numpy_dtype("dtype", dtype)
+        self._position_dtype = numpy_dtype("position_dtype", position_dtype)
+        if self._position_dtype not in (_INT32, _INT64):
+            raise ValueError(
+                f"position_dtype must be torch.int64 or torch.int32 (what models take as "
+                f"position ids); got {position_dtype}"
+            )
+        if self._position_dtype == _INT32 and self._seq_len > np.iinfo(np.int32).max:
+            raise ValueError(f"position_dtype=torch.int32 cannot hold the positions of seq_len={self._seq_len}")
+        if not isinstance(device_labels, bool):
+            raise TypeError(f"device_labels must be True or False; got {device_labels!r}")
+        self._device_labels = device_labels
         if isinstance(ragged, Mapping):  # a dataset's ``fields``: name -> Field
             ragged = [name for name, field in ragged.items() if field.kind == "ragged"]
         self._ragged = None if ragged is None else frozenset(names("ragged", ragged))
@@ -151,6 +180,32 @@ class PackCollate:
     @property
     def rows(self) -> int | None:
         return self._rows
+
+    @property
+    def device_labels(self) -> bool:
+        return self._device_labels
+
+    def finish_batch(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """A batch written with ``device_labels=True`` (``row_tokens`` after the primary field)
+        with ``labels`` built in place of ``row_tokens``, on the device of its tensors, keys in
+        ``__call__``'s order; any other batch as it is. Queues torch operations only."""
+        if ROW_TOKENS not in batch:
+            return dict(batch)
+        names = list(batch)
+        at = names.index(ROW_TOKENS)
+        if at == 0:
+            raise ValueError(f"{ROW_TOKENS!r} must follow the primary field in a packed batch; got {names}")
+        return self._finish(batch, names[at - 1])
+
+    def _finish(self, batch: Mapping[str, Any], primary: str) -> dict[str, Any]:
+        labels = finish_packed(batch[primary], batch[POSITIONS], batch[ROW_TOKENS], self._label_pad)
+        out: dict[str, Any] = {}
+        for name, value in batch.items():
+            if name != ROW_TOKENS:
+                out[name] = value
+            if name == POSITIONS:
+                out[LABELS] = labels
+        return out
 
     #: The output is a function of the columnar batch alone (``fastload._protocols``). A
     #: subclass may compute otherwise: it says so itself (see ``__init_subclass__``).
@@ -214,7 +269,11 @@ class PackCollate:
         """Pack a batch (see the class text) into a dict of tensors (and lists for object
         fields)."""
         columnar = batch if isinstance(batch, Mapping) else self._columnar(batch)
-        return collate_to_tensors(self, PackCollate, columnar, self.prepare(columnar), GENERATED)
+        prepared = self.prepare(columnar)
+        if not self._device_labels:
+            return collate_to_tensors(self, PackCollate, columnar, prepared, GENERATED)
+        generated = (ROW_TOKENS, *(name for name in GENERATED if name != LABELS))
+        return self._finish(collate_to_tensors(self, PackCollate, columnar, prepared, generated), prepared.schema.primary)
 
     # -- planning one batch --------------------------------------------------------------------
 
@@ -299,7 +358,7 @@ class PackCollate:
                 f"PackCollate(primary={primary!r}) is not a ragged field of the batch; its ragged "
                 f"fields are {ragged_names}"
             )
-        clashes = sorted(set(GENERATED) & set(described))
+        clashes = sorted(set(GENERATED + (ROW_TOKENS,) * self._device_labels) & set(described))
         if clashes:
             raise ValueError(
                 f"the batch has fields named {clashes}, which PackCollate generates itself; leave "
@@ -330,7 +389,7 @@ class PackCollate:
                 assert dtype is not None
                 check_representable(name, pad, dtype)
                 fixed.append((name, pad))
-        return _Schema(primary, tuple(ragged), tuple(fixed))
+        return _Schema(primary, tuple(ragged), tuple(fixed), self._position_dtype, not self._device_labels)
 
     def _positions(self, size: int) -> npt.NDArray[np.int64]:
         """``arange(size)`` as a view of a cached array (never written)."""
@@ -359,8 +418,11 @@ def _layout(
         if kind != "object":
             assert dtype is not None
             layout[name] = ((rows, seq_len, *shape), out_dtypes.get(name, dtype))
-    layout[POSITIONS] = ((rows, seq_len), _INT64)
-    layout[LABELS] = ((rows, seq_len), _INT64)
+        if name == schema.primary and not schema.labels:
+            layout[ROW_TOKENS] = ((rows,), _INT32)
+    layout[POSITIONS] = ((rows, seq_len), schema.positions)
+    if schema.labels:
+        layout[LABELS] = ((rows, seq_len), _INT64)
     layout[DOCUMENTS] = ((rows, seq_len), _INT32)
     layout[CU_SEQLENS] = ((segments + 1,), _INT32)
     layout[MAX_SEQLEN] = ((), _INT64)
@@ -433,6 +495,7 @@ class _Packed:
         """:meth:`write` without checking ``out`` (arrays made from :attr:`layout`)."""
         rows, seq_len, lengths = self.rows, self.seq_len, self.lengths
         label_pad = self.collate._label_pad
+        host_labels = self.schema.labels
         primary_done = False
         gather: _Gather | None = None
         for name, _, pad in self.schema.ragged:
@@ -447,7 +510,7 @@ class _Packed:
                 self.offsets,
                 out[name],
                 pad_value=pad,
-                labels=out[LABELS] if is_primary else None,
+                labels=out[LABELS] if is_primary and host_labels else None,
                 label_pad=label_pad,
                 positions=out[POSITIONS] if is_primary else None,
                 documents=out[DOCUMENTS] if is_primary else None,
@@ -459,7 +522,7 @@ class _Packed:
             target = out[name]
             target.fill(pad)
             target[gather.real] = values
-            if is_primary:
+            if is_primary and host_labels:
                 labels = out[LABELS]
                 labels.fill(label_pad)
                 labels[gather.real] = values
@@ -476,6 +539,8 @@ class _Packed:
                 assert isinstance(column, np.ndarray)
                 padded = np.concatenate((column, np.full((1, *column.shape[1:]), pad, column.dtype)))
                 np.take(padded, source, axis=0, out=out[name].reshape(rows * seq_len, *column.shape[1:]))
+        if not host_labels:
+            out[ROW_TOKENS][...] = self.used
         out[CU_SEQLENS][...] = self.cu
         out[MAX_SEQLEN][...] = int(seg_len.max()) if seg_len.size else 0
 
@@ -494,6 +559,18 @@ class _Gather:
 
     def values(self, column: Spans) -> np.ndarray:
         return column.source[np.repeat(column.starts, self.lengths) + self.within]
+
+
+def finish_packed(
+    ids: torch.Tensor, positions: torch.Tensor, row_tokens: torch.Tensor, label_pad: int
+) -> torch.Tensor:
+    """The int64 ``labels`` of packed ``[B, L]`` ids, on their device: the ids, ``label_pad``
+    on each piece's first token (position 0) and past each row's ``row_tokens`` real tokens."""
+    # Few operations: on the GPU each is a kernel launched from the training loop's thread.
+    kept = torch.arange(ids.shape[1], device=ids.device) < row_tokens.unsqueeze(1)
+    kept.logical_and_(positions != 0)
+    return torch.where(kept, ids.to(torch.int64), label_pad)
+
 
 
 # -- one-call builds ---------------------------------------------------------------------------
@@ -515,7 +592,15 @@ class PackExpressBuilder:
     """A :class:`~fastload._protocols.OneCallBuilder` of packed batches over one mapped field."""
 
     def __init__(
-        self, name: str, values: np.ndarray, offsets: np.ndarray, collate: PackCollate, out: np.dtype, pad: Any
+        self,
+        name: str,
+        values: np.ndarray,
+        offsets: np.ndarray,
+        collate: PackCollate,
+        out: np.dtype,
+        pad: Any,
+        positions: np.dtype,
+        labels: bool,
     ) -> None:
         native = _kernels._native
         assert native is not None
@@ -525,6 +610,8 @@ class PackExpressBuilder:
         self._source = (codes[values.dtype], math.prod(values.shape[1:]))
         self._out = (codes[out], int(pad), float(pad), collate._label_pad, collate.seq_len, ALIGN)
         self._name, self._ids_dtype = name, out.str
+        self._positions = (positions.itemsize, positions.str)
+        self._labels = labels
         self.last_s = 0.0
 
     def build_into(self, indices: bytes, buffer: np.ndarray, offset: int, capacity: int) -> Built | TooLarge | None:
@@ -533,7 +620,7 @@ class PackExpressBuilder:
         ot, pad_int, pad_float, label_pad, seq_len, align = self._out
         status, rows, segments, real, nbytes, pos_at, lab_at, doc_at, cu_at, max_at = self._gather(
             self._values, vt, items, self._offsets, indices, buffer, offset, capacity,
-            ot, pad_int, pad_float, label_pad, seq_len, align,
+            ot, pad_int, pad_float, label_pad, seq_len, align, self._positions[0], self._labels,
         )  # fmt: skip
         if status == _CANNOT:
             return None
@@ -541,10 +628,16 @@ class PackExpressBuilder:
             return TooLarge(nbytes)
         self.last_s = time.perf_counter() - started
         cells = (rows, seq_len)
-        arrays: tuple[tuple[str, int, tuple[int, ...], str], ...] = (
-            (self._name, 0, cells, self._ids_dtype),
-            (POSITIONS, pos_at, cells, _I64),
-            (LABELS, lab_at, cells, _I64),
+        # In the layout's order (``_layout``); without labels, lab_at holds row_tokens.
+        head: tuple[tuple[str, int, tuple[int, ...], str], ...] = (
+            ((self._name, 0, cells, self._ids_dtype), (POSITIONS, pos_at, cells, self._positions[1]),
+             (LABELS, lab_at, cells, _I64))
+            if self._labels
+            else ((self._name, 0, cells, self._ids_dtype), (ROW_TOKENS, lab_at, (rows,), _I32),
+                  (POSITIONS, pos_at, cells, self._positions[1]))
+        )  # fmt: skip
+        arrays = (
+            *head,
             (DOCUMENTS, doc_at, cells, _I32),
             (CU_SEQLENS, cu_at, (segments + 1,), _I32),
             (MAX_SEQLEN, max_at, (), _I64),
@@ -574,7 +667,8 @@ def pack_express_builder(reader: Any, collate: PackCollate) -> PackExpressBuilde
     codes = _kernels.NATIVE_TYPES
     if values.dtype not in codes or out not in codes or out.kind not in "iu":
         return None
-    return PackExpressBuilder(name, values, offsets, collate, out, pad)
+    return PackExpressBuilder(name, values, offsets, collate, out, pad, schema.positions, schema.labels)
+
 
 
 __all__ = ["GENERATED", "PackCollate", "PackExpressBuilder", "pack_express_builder"]

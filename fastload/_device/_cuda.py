@@ -75,3 +75,12 @@ class CudaOps:
 
         with torch.cuda.stream(copy_on):
             return map_tensors(data, move)
+
+    def run_on(self, fn: Any, data: Any, stream: torch.cuda.Stream, used_on: torch.cuda.Stream) -> Any:
+        def mark(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.is_cuda:
+                tensor.record_stream(used_on)
+            return tensor
+
+        with torch.cuda.stream(stream):
+            return map_tensors(fn(data), mark)

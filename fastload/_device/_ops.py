@@ -50,6 +50,10 @@ class DeviceOps(Protocol[StreamT, EventT]):
         copies are marked as used on ``used_on``, so that their memory is not handed out again
         before the work queued there has used them."""
 
+    def run_on(self, fn: Callable[[Any], Any], data: Any, stream: StreamT, used_on: StreamT) -> Any:
+        """``fn(data)`` with the work it queues on ``stream`` (after a copy queued there), its
+        new tensors marked as used on ``used_on`` as :meth:`to_device`'s are."""
+
 
 def map_tensors(data: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """``data`` with ``fn(t)`` in place of each tensor ``t``, in dicts (and other mappings),

@@ -6,7 +6,8 @@ The host tensors of a batch (views of a shared-memory slot on the fast path) are
 an event recorded after their copy has completed, so their slot cannot be reused while the DMA
 engine still reads it. The device tensors are marked with ``record_stream`` for the consumer's
 stream, so the caching allocator does not reuse their memory too early. Without CUDA (or for a
-CPU device) it yields the batches unchanged.
+CPU device) it yields the batches unchanged. A ``finish`` step (a packed batch's labels, built
+from its ids) runs on the copied batch on the side stream, after its copy.
 
 Everything of the device goes through one :class:`~fastload._device._ops.DeviceOps` object, so
 :class:`PrefetchIterator` is plain Python: its tests run on the CPU with a fake one.
@@ -15,7 +16,7 @@ Everything of the device goes through one :class:`~fastload._device._ops.DeviceO
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, NamedTuple
 
 import torch
@@ -68,9 +69,15 @@ class PrefetchIterator(Generic[StreamT, EventT]):
     ``next()`` to the batch's copy finishing (zero when the copy finished first). Events are
     read only once complete, so measuring never waits."""
 
-    def __init__(self, host_batches: Iterator[Any], ops: DeviceOps[StreamT, EventT]) -> None:
+    def __init__(
+        self,
+        host_batches: Iterator[Any],
+        ops: DeviceOps[StreamT, EventT],
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
         self._host = host_batches
         self._ops = ops
+        self._finish = finish
         self._side = ops.new_stream()
         self._consumer = ops.current_stream()
         self._ahead: _Staged | _Failed | _Exhausted | None = None  # None: nothing staged
@@ -127,6 +134,8 @@ class PrefetchIterator(Generic[StreamT, EventT]):
         ops = self._ops
         try:
             batch = ops.to_device(host, self._side, self._consumer)
+            if self._finish is not None:
+                batch = ops.run_on(self._finish, batch, self._side, self._consumer)
         finally:  # a copy that failed partway may have queued reads of the host batch
             copied = ops.timed_event()
             ops.record(copied, self._side)
@@ -157,7 +166,8 @@ class DevicePrefetcher:
     """Wraps an iterable of batches (tensors in any nesting of dicts, lists and tuples; what is
     not a tensor travels unchanged) and yields them on ``device``, each copied one step ahead on
     a side stream by a :class:`PrefetchIterator` per ``iter()``. For ``device=None`` or a CPU
-    device it yields the batches unchanged. ``ops`` replaces the device's streams and events
+    device it yields the batches unchanged (the caller finishes them). ``finish`` runs on each
+    copied batch on the side stream, after its copy. ``ops`` replaces the device's streams and events
     (a test's fake); by default they are ``torch.cuda``'s for ``device``.
 
     ``gpu_idle_s`` is the sum over its iterators (see :class:`PrefetchIterator`)."""
@@ -168,8 +178,10 @@ class DevicePrefetcher:
         device: str | torch.device | None,
         *,
         ops: DeviceOps[Any, Any] | None = None,
+        finish: Callable[[Any], Any] | None = None,
     ) -> None:
         self._batches = batches
+        self._finish = finish
         if ops is None:
             dev = cuda_device(device)
             ops = None if dev is None else CudaOps(dev)
@@ -185,7 +197,7 @@ class DevicePrefetcher:
             return iter(self._batches)
         if self._current is not None:
             self._idle_before_s += self._current.gpu_idle_s
-        self._current = PrefetchIterator(iter(self._batches), self._ops)
+        self._current = PrefetchIterator(iter(self._batches), self._ops, self._finish)
         return self._current
 
     @property

@@ -191,3 +191,46 @@ def test_shuffle_shards_shapes_only_a_planned_loader(token_file: Path) -> None:
         fastload.DataLoader(dataset, batch_size=2, shuffle_shards=1)
     with pytest.raises(ValueError, match=r"shuffle_shards must be a positive integer"):
         fastload.DataLoader(dataset, max_tokens=512, shuffle_shards=0)
+
+
+# -- narrow outputs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fields", [None, ["tokens"]])  # the general path; the one-call build
+def test_narrow_outputs_equal_the_wide_ones_batch_for_batch(token_file: Path, workers: int, fields: Any) -> None:
+    def loader(**narrow: Any) -> fastload.DataLoader[Any]:
+        collate = fastload.PackCollate(SEQ_LEN, rows=ROWS, **narrow)
+        dataset = fastload.HDF5Dataset(token_file, fields=fields)
+        return fastload.DataLoader(dataset, pack_length=SEQ_LEN, batch_size=ROWS, num_workers=workers, collate_fn=collate)
+
+    wide = [owned(b) for b in loader()]
+    narrow = [owned(b) for b in loader(position_dtype=torch.int32, device_labels=True)]
+    assert len(narrow) == len(wide) > 5
+    for mine, theirs in zip(narrow, wide, strict=True):
+        assert list(mine) == list(theirs)  # labels built on the host here, in their place
+        assert mine["position_ids"].dtype == torch.int32
+        for name, value in theirs.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(mine[name].long(), value.long()), name
+                assert name == "position_ids" or mine[name].dtype == value.dtype, name
+            else:
+                assert mine[name] == value, name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workers", [0, 2])
+def test_on_a_gpu_the_labels_built_there_equal_the_host_ones(token_file: Path, workers: int) -> None:
+    def loader(**options: Any) -> fastload.DataLoader[Any]:
+        dataset = fastload.HDF5Dataset(token_file, fields=["tokens"])
+        return fastload.DataLoader(dataset, pack_length=SEQ_LEN, batch_size=ROWS, num_workers=workers, **options)
+
+    host = [owned(b) for b in loader()]
+    on_gpu = loader(device="cuda")
+    assert on_gpu.collate_fn.device_labels  # type: ignore[attr-defined]
+    got = [{k: v.cpu() for k, v in b.items()} for b in on_gpu]
+    assert len(got) == len(host)
+    for mine, theirs in zip(got, host, strict=True):
+        assert list(mine) == list(theirs)
+        for name, value in theirs.items():
+            assert mine[name].dtype == value.dtype and torch.equal(mine[name], value), name

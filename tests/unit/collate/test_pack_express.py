@@ -63,11 +63,20 @@ def native_only(padding_kernel: str, token_file: Path) -> None:
         pytest.skip("no one-call build without the native kernel (checked)")
 
 
-@pytest.mark.parametrize("dtype", [None, torch.int32])
-def test_every_batch_of_a_plan_matches_the_general_path(token_file: Path, dtype) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"dtype": torch.int32},
+        {"position_dtype": torch.int32},
+        {"device_labels": True},
+        {"dtype": torch.int32, "position_dtype": torch.int32, "device_labels": True},
+    ],
+)
+def test_every_batch_of_a_plan_matches_the_general_path(token_file: Path, options: dict) -> None:  # type: ignore[type-arg]
     dataset = fastload.HDF5Dataset(str(token_file))
     source = PackedSource(dataset, seq_len=SEQ_LEN, rows=ROWS)
-    collate = PackCollate(SEQ_LEN, rows=ROWS, pad_value=7, label_pad=-1, **({} if dtype is None else {"dtype": dtype}))
+    collate = PackCollate(SEQ_LEN, rows=ROWS, pad_value=7, label_pad=-1, **options)
     builder = pack_express_builder(source, collate)
     assert builder is not None
     sampler = fastload.PackedBatchSampler(dataset.lengths, seq_len=SEQ_LEN, rows=ROWS, num_replicas=7)

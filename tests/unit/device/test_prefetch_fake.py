@@ -115,6 +115,11 @@ class FakeOps:
 
         return map_tensors(data, copy)
 
+    def run_on(self, fn: Any, data: Any, stream: FakeStream, used_on: FakeStream) -> Any:
+        assert (stream.name, used_on.name) == ("side", "consumer")
+        self.log.append(f"finish {_label(data)} on {stream}")
+        return fn(data)
+
     def complete(self, *events: FakeEvent, at_ms: float | None = None) -> None:
         for event in events:
             event.done_at_ms = self.now_ms if at_ms is None else at_ms
@@ -193,7 +198,7 @@ def refcounts_only() -> Iterator[None]:
 
 def test_the_fake_and_cudas_ops_have_every_operation_of_the_protocol() -> None:
     operations = {name for name in vars(DeviceOps) if not name.startswith("_")}
-    assert len(operations) == 9
+    assert len(operations) == 10
     assert operations <= set(dir(FakeOps)) and operations <= set(dir(CudaOps))
 
 
@@ -499,3 +504,37 @@ def test_the_slots_are_released_only_after_the_last_copy_from_them_has_finished(
     gc.collect()
     for log in (fake.made[0].log, fake.made[1].log):
         assert log.index("synchronize side") < log.index("slots released")
+
+
+# -- a finishing step: packed labels built where the batch lands ---------------------------------
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_labels_are_built_after_the_copy_and_equal_the_host_built_ones(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, workers: int
+) -> None:
+    # device="cuda" makes the loader's own PackCollate leave labels out of the slots and build
+    # them from the copied ids on the side stream (here FakeOps: the CPU), after each copy.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[2] / "integration"))
+    from _token_files import write_token_file
+
+    path = write_token_file(tmp_path / "t.h5", 120, 90)
+    host = [
+        {k: v.clone() for k, v in b.items()}
+        for b in fastload.DataLoader(fastload.HDF5Dataset(path), pack_length=32, batch_size=4, num_workers=workers)
+    ]
+    fake = FakeCuda(monkeypatch)
+    loader = fastload.DataLoader(fastload.HDF5Dataset(path), pack_length=32, batch_size=4, num_workers=workers, device="cuda")
+    assert loader.collate_fn.device_labels  # type: ignore[attr-defined]
+    got = list(loader)
+    assert len(got) == len(host) > 3
+    for mine, theirs in zip(got, host, strict=True):
+        assert list(mine) == list(theirs)  # the same keys, in the same order: no row_tokens
+        for name, tensor in theirs.items():
+            assert mine[name].dtype == tensor.dtype and torch.equal(mine[name], tensor), name
+    log = fake.made[0].log
+    copies = [i for i, line in enumerate(log) if line.startswith("copy ")]
+    finishes = [i for i, line in enumerate(log) if line.startswith("finish ")]
+    assert len(finishes) == len(copies) == len(host)
+    assert all(c + 1 == f for c, f in zip(copies, finishes, strict=True))  # each right after its copy
