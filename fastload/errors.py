@@ -21,12 +21,14 @@ __all__ = [
     "LoaderTimeoutError",
     "MissingExtraError",
     "OversizeSampleError",
+    "PreflightWarning",
     "RebuiltLoaderWarning",
     "SharedMemoryError",
     "StorageChecksumError",
     "StorageError",
     "StorageNotFoundError",
     "StoragePermissionError",
+    "UnguardedMainError",
     "UnsupportedSchemeError",
     "UsageError",
     "WorkerCrashedError",
@@ -143,6 +145,13 @@ class WorkerCrashedError(FastloadError, RuntimeError):
     """
 
 
+class UnguardedMainError(FastloadError, RuntimeError):
+    """Workers start by ``spawn`` or ``forkserver`` (remote datasets' default), which re-run the
+    main script in each worker, and the statement that starts them is not under
+    ``if __name__ == "__main__":``: each worker would start workers of its own. The message names
+    the script, the line and what to write."""
+
+
 class LoaderTimeoutError(FastloadError, RuntimeError):
     """No batch arrived within the DataLoader's ``timeout`` (torch raises ``RuntimeError`` too)."""
 
@@ -162,3 +171,10 @@ class RebuiltLoaderWarning(UserWarning):
     a framework (Accelerate's ``prepare``, ``transformers.Trainer``) rebuilt the loader as
     ``torch.utils.data.DataLoader``, so fastload's engine no longer loads the batches. The
     message names the supported call."""
+
+
+class PreflightWarning(UserWarning):
+    """A check run as a loader starts found something that will slow or break the run (a small
+    ``/dev/shm``, a low open-file limit, a memory limit below the plan, a dataset of many Python
+    objects, missing native kernels). The message says what to change; ``fastload doctor`` and
+    ``fastload.doctor(loader)`` run every check and report them all."""
