@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 #: Items examined of a large container.
 SAMPLE = 32
@@ -38,15 +39,18 @@ class Census:
 
 
 def _items(obj: Any) -> list[Any] | None:
+    """The items to examine of a built-in container (a subclass's own ``__getitem__`` or
+    ``__len__``, which may read files, is never called), or ``None`` for another object."""
     if isinstance(obj, (list, tuple)):
-        return list(obj) if len(obj) <= SAMPLE else [obj[i * len(obj) // SAMPLE] for i in range(SAMPLE)]
+        kind: Any = list if isinstance(obj, list) else tuple
+        n = kind.__len__(obj)
+        at = kind.__getitem__
+        return [at(obj, i) for i in range(n)] if n <= SAMPLE else [at(obj, i * n // SAMPLE) for i in range(SAMPLE)]
     if isinstance(obj, dict):
-        n = len(obj)
-        if n <= SAMPLE:
-            return [x for kv in obj.items() for x in kv]
-        step = n // SAMPLE
+        n = dict.__len__(obj)
+        step = max(1, n // SAMPLE)
         picked: list[Any] = []
-        for i, kv in enumerate(obj.items()):
+        for i, kv in enumerate(dict.items(obj)):
             if i % step == 0:
                 picked.extend(kv)
             if len(picked) >= 2 * SAMPLE:
@@ -54,12 +58,20 @@ def _items(obj: Any) -> list[Any] | None:
         return picked
     if isinstance(obj, (set, frozenset)):
         picked = []
-        for i, x in enumerate(obj):
+        for i, x in enumerate(set.__iter__(obj) if isinstance(obj, set) else frozenset.__iter__(obj)):
             if i >= SAMPLE:
                 break
             picked.append(x)
         return picked
     return None
+
+
+def _length(obj: Any) -> int:
+    kinds: tuple[Any, ...] = (list, tuple, dict, set, frozenset)
+    for kind in kinds:
+        if isinstance(obj, kind):
+            return int(kind.__len__(obj))
+    return 0
 
 
 def _size(obj: Any) -> int:
@@ -79,11 +91,13 @@ def census(obj: Any, budget: int = 4000) -> Census:
             return 0.0, 0.0
         seen.add(id(x))
         left[0] -= 1
-        if isinstance(x, _OPAQUE) or _is_tensor(x):
-            return 1.0, float(_size(x)) if not isinstance(x, np.ndarray) and not _is_tensor(x) else 64.0
+        if isinstance(x, (np.ndarray, torch.Tensor)):
+            return 1.0, 64.0  # elements held outside Python objects
+        if isinstance(x, _OPAQUE):
+            return 1.0, float(_size(x))
         items = _items(x)
         if items is not None:
-            n = len(x)
+            n = _length(x)
             count, size = 1.0, float(_size(x))
             sub = [walk(i, depth + 1) for i in items]
             examined = len(items) if not isinstance(x, dict) else len(items) // 2
@@ -99,10 +113,6 @@ def census(obj: Any, budget: int = 4000) -> Census:
 
     count, size = walk(obj, 0)
     return Census(count, size)
-
-
-def _is_tensor(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and hasattr(x, "storage_offset")
 
 
 __all__ = ["Census", "census"]

@@ -315,7 +315,7 @@ def shares(plan: Plan) -> list[Finding]:
         out.append(Finding(
             "shares", Severity.WARNING,
             f"an epoch has {plan.batches} batches for {plan.num_workers} workers: "
-            f"{plan.num_workers - plan.batches} workers never get one",
+            f"{plan.num_workers - plan.batches} of them never get one",
             f"lower num_workers to {plan.batches}",
         ))
     if plan.empty_workers:

@@ -233,3 +233,35 @@ def test_missing_kernels_are_said_once_at_the_first_loader_in_stats_and_by_the_d
     stats = done.stdout.split("STATS")[1]
     assert "preflight: fastload was installed without its C kernels" in stats
     assert "[warning] native-kernels" in stats and "install a C compiler" in stats
+
+
+def test_a_process_limit_the_workers_would_pass_is_reported() -> None:
+    uid = os.getuid() or 1000  # root is not held to RLIMIT_NPROC: check as a user would be
+    tasks = _system.user_tasks(os.getuid())
+    assert tasks >= 1  # this process, at least
+    found = _checks.processes(Plan(num_workers=4), tasks + 3, uid, tasks)
+    assert [f.severity for f in found] == [Severity.ERROR] and "RLIMIT_NPROC" in found[0].message
+    assert _checks.processes(Plan(num_workers=4), tasks + 100, uid, tasks) == []
+
+
+def test_a_shard_cache_of_another_user_or_without_room_is_reported(tmp_path: Path) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    free = _system.free_bytes(folder)
+    assert free is not None
+    roomy = Plan(num_workers=1, cache=(str(folder), free // 2, free * 2))
+    assert _checks.shard_cache(roomy, os.getuid()) == []
+    full = _checks.shard_cache(Plan(num_workers=1, cache=(str(folder), None, free * 2)), os.getuid())
+    assert [f.severity for f in full] == [Severity.WARNING] and "no cache_limit" in full[0].message
+    others = _checks.shard_cache(roomy, os.getuid() + 1)
+    assert [f.severity for f in others] == [Severity.ERROR] and "not to you" in others[0].message
+
+
+def test_a_rank_without_batches_and_workers_without_batches_are_reported() -> None:
+    few = [torch.tensor([i]) for i in range(3)]
+    none = fastload.doctor(fastload.DataLoader(few, batch_size=4, drop_last=True, num_workers=2))
+    assert [f.check for f in none.problems] == ["shares"] and "no batch" in none.problems[0].message
+    idle = fastload.doctor(fastload.DataLoader(few, batch_size=2, num_workers=2))
+    assert idle.ok
+    one = fastload.doctor(fastload.DataLoader(few, batch_size=4, num_workers=2))
+    assert [f.check for f in one.problems] == ["shares"] and "1 of them never get one" in one.problems[0].message
