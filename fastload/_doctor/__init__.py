@@ -228,8 +228,9 @@ def _findings(loader: Any, p: Plan, *, full: bool) -> list[Finding]:
         *_checks.memory(p, _system.cgroup_memory()),
         *_checks.objects(p),
         *_checks.shard_cache(p, uid),
-        *_checks.shares(p),
     ]
+    if full or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        found += _checks.shares(p)  # as a loader starts, only where an empty rank hangs the others
     if full:
         wants_pin = bool(loader.pin_memory) or loader.device is not None
         cuda = cuda_available()
