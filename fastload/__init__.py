@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fastload import errors
 from fastload._collate import MicroBatch, PackCollate, PadCollate, split_microbatches
+from fastload._doctor import doctor
 from fastload._formats import ArrowDataset, HDF5Dataset
 from fastload._loader import DataLoader
 from fastload._metrics import (
@@ -48,6 +49,7 @@ __all__ = [
     "SlotCollate",
     "WeightedLengthGroupedSampler",
     "__version__",
+    "doctor",
     "errors",
     "estimate_memory",
     "find_batch_size",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -364,6 +365,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _get_iterator(self) -> Any:
         it: InProcessIterator | WorkerIterator
+        if "_preflight" not in self.__dict__:  # once, as the loader first starts (fastload._doctor)
+            from fastload._doctor import startup
+
+            self.__dict__["_preflight"] = tuple(f.message for f in startup(self) if f.severity)
         if self.num_workers == 0:
             it = InProcessIterator(self)
         else:
@@ -435,9 +440,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         efficiency, queue depth, slots in use, per-worker busy fractions, respawns, retries,
         skipped samples, and a one-line ``diagnosis``."""
         it = self._last_iterator()
+        found = self.__dict__.get("_preflight", ())  # the start-up checks' warnings
         if it is not None:
-            return it.stats(scope)
-        return self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+            return dataclasses.replace(it.stats(scope), preflight=found)
+        snap = self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+        return dataclasses.replace(snap, preflight=found)
 
     def _on_epoch_end(self, summary: LoaderStats) -> None:
         self.epoch_stats.append(summary)

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fastload._metrics._cli import add_bench_parser
 
     add_bench_parser(sub)
+    from fastload._doctor._cli import add_doctor_parser
+
+    add_doctor_parser(sub)
     return parser
 
 

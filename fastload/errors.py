@@ -21,12 +21,14 @@ __all__ = [
     "LoaderTimeoutError",
     "MissingExtraError",
     "OversizeSampleError",
+    "PreflightWarning",
     "RebuiltLoaderWarning",
     "SharedMemoryError",
     "StorageChecksumError",
     "StorageError",
     "StorageNotFoundError",
     "StoragePermissionError",
+    "UnguardedMainError",
     "UniformLengthsWarning",
     "UnsupportedSchemeError",
     "UsageError",
@@ -144,6 +146,13 @@ class WorkerCrashedError(FastloadError, RuntimeError):
     """
 
 
+class UnguardedMainError(FastloadError, RuntimeError):
+    """Workers start by ``spawn`` or ``forkserver`` (remote datasets' default), which re-run the
+    main script in each worker, and the statement that starts them is not under
+    ``if __name__ == "__main__":``: each worker would start workers of its own. The message names
+    the script, the line and what to write."""
+
+
 class LoaderTimeoutError(FastloadError, RuntimeError):
     """No batch arrived within the DataLoader's ``timeout`` (torch raises ``RuntimeError`` too)."""
 
@@ -169,3 +178,10 @@ class UniformLengthsWarning(UserWarning):
     """Every sample of the dataset has the same length, so length grouping or a token budget
     groups nothing (often a text column read as one value per sample). The message names the
     dataset and the field its lengths come from."""
+
+
+class PreflightWarning(UserWarning):
+    """A check run as a loader starts found something that will slow or break the run (a small
+    ``/dev/shm``, a low open-file limit, a memory limit below the plan, a dataset of many Python
+    objects, missing native kernels). The message says what to change; ``fastload doctor`` and
+    ``fastload.doctor(loader)`` run every check and report them all."""

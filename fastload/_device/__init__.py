@@ -1,7 +1,7 @@
 """The only package that touches ``torch.cuda``."""
 
 from fastload._device._cuda import cuda_available, cuda_device, to_device
-from fastload._device._pin import PinnedSlots, pin_tree, pinned_slots
+from fastload._device._pin import PinnedSlots, pin_failure, pin_tree, pinned_slots
 from fastload._device._prefetch import DevicePrefetcher
 
 __all__ = [
@@ -9,6 +9,7 @@ __all__ = [
     "PinnedSlots",
     "cuda_available",
     "cuda_device",
+    "pin_failure",
     "pin_tree",
     "pinned_slots",
     "to_device",

@@ -104,3 +104,13 @@ _PINNED_SLOTS = PinnedSlots()
 def pinned_slots() -> PinnedSlots:
     """The process's :class:`PinnedSlots` (it holds no state: one serves every loader)."""
     return _PINNED_SLOTS
+
+
+def pin_failure(nbytes: int = 1 << 20) -> str | None:
+    """Why ``nbytes`` of host memory cannot be page-locked here (the error's text), or ``None``
+    when they can (``fastload doctor``'s check before a loader pins its slots)."""
+    try:
+        torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None

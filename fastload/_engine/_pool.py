@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
+from fastload._engine._main_guard import check_main_guard
 from fastload._engine._messages import Reply
 from fastload._engine._pools import WorkerDied
 from fastload._engine._reaper import join_or_kill, reap, track
@@ -101,6 +102,7 @@ class WorkerPool:
         decode: Callable[[bytes], Any] = loads,
         start: int | None = None,
     ) -> None:
+        check_main_guard(ctx)  # before any worker exists (spawn/forkserver re-run the script)
         self._ctx = ctx
         self._make_spec = make_spec
         self._decode = decode  # one result message's bytes -> the message

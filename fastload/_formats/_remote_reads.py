@@ -47,6 +47,15 @@ class RemoteShards:
         files. The engine reports it per batch (``fastload._protocols``)."""
         return None if self._remote is None else self._remote.storage_counts()
 
+    def shard_cache_plan(self) -> tuple[str, int | None, int] | None:
+        """For a remote dataset, ``(folder, cache_limit, dataset_bytes)``: where its shards are
+        cached, the cache's byte bound (``None``: none) and the bytes of all its shards; ``None``
+        for local files (``fastload doctor`` checks the folder's owner and free space)."""
+        remote = self._remote
+        if remote is None:
+            return None
+        return str(remote.cache_root), remote.cache_limit, sum(s.bytes for s in remote.index.shards)
+
     def cache_window_warning(self, shuffle_shards: int) -> str | None:
         """Why a shard window of ``shuffle_shards`` shards will starve the prefetcher in this
         dataset's bounded cache (the window being read fills it, so nothing can come ahead:

@@ -85,6 +85,10 @@ class LoaderStats:
       the consumer's wait, where the reads run).
 
     ``diagnosis``: :func:`diagnose` of the rest, one actionable line.
+
+    ``preflight``: what the checks run as the loader started found (missing native kernels, a
+    small ``/dev/shm``, low limits, ...), one line each; ``fastload.doctor(loader)`` says what
+    to change.
     """
 
     epoch: int = 0
@@ -123,6 +127,7 @@ class LoaderStats:
     storage_wait_s: float | None = None
     storage_wait_share: float | None = None
     diagnosis: str = ""
+    preflight: tuple[str, ...] = ()
 
     @property
     def mean_worker_busy(self) -> float | None:
@@ -137,6 +142,7 @@ class LoaderStats:
         """Every field by name, JSON-serializable (``worker_busy`` as a list)."""
         data = dataclasses.asdict(self)
         data["worker_busy"] = list(self.worker_busy)
+        data["preflight"] = list(self.preflight)
         return data
 
     def __str__(self) -> str:
@@ -174,6 +180,7 @@ class LoaderStats:
             parts.append(f"{self.main_batches:,} batches built by the main process")
         if self.diagnosis:
             parts.append(self.diagnosis)
+        parts.extend(f"preflight: {line} (see fastload.doctor(loader))" for line in self.preflight)
         return " | ".join(parts)
 
 
