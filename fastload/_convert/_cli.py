@@ -190,7 +190,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ENGINES,
         default="local",
         help="local (default): this machine's processes; ray: tokenize over a Ray cluster's CPUs "
-        "with Ray Data and write shards in parallel (pip install 'fastload[ray]'); the same output",
+        "with Ray Data and write shards in parallel (pip install 'torch-fastload[ray]'); the same output",
     )
     engine.add_argument(
         "--ray-address",

@@ -14,6 +14,7 @@ from typing import Any
 
 from fastload._metrics._bench import BenchRow
 from fastload._metrics._stats import STALL_OK
+from fastload.errors import install_command
 
 #: (header, width) of each table column.
 COLUMNS = (
@@ -27,7 +28,7 @@ COLUMNS = (
     ("first batch s", 13),
     ("PSS MiB", 8),
 )
-PLOT_HINT = "stall.png not written: plotting needs matplotlib (pip install fastload[plot])"
+PLOT_HINT = f"stall.png not written: plotting needs matplotlib ({install_command('plot')})"
 
 
 def table_header() -> str:
