@@ -5,6 +5,8 @@ later modules register. Built only on the public API; user errors exit with code
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -64,10 +66,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
         print("fastload: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _stdout_closed() -> int:
+    """Whoever read stdout stopped (``fastload inspect FILE | head -2``): end quietly with the
+    status a command killed by SIGPIPE has, as coreutils do. stdout then points at /dev/null,
+    so that the interpreter's last flush at exit finds nothing to fail on."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -305,11 +305,11 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
 def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "inspect",
-        help="describe and check a fastload HDF5 file",
+        help="describe and check a fastload HDF5 file, a folder of shards or an Arrow/Parquet file",
         description="Fields, sizes, length statistics, padding (and with --pack, packing) efficiency "
         "and a validation verdict.",
     )
-    parser.add_argument("file", type=Path, metavar="FILE")
+    parser.add_argument("file", type=Path, metavar="PATH")
     parser.add_argument(
         "--batch-size", type=int, default=64, help="batch size for the padding figures (default 64)"
     )
@@ -337,6 +337,8 @@ def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
                 out=sys.stdout,
                 pack=args.pack,
             )
+        except BrokenPipeError:
+            raise  # a reader that closed stdout (`| head`): fastload.cli.main ends quietly
         except (FastloadError, OSError) as exc:
             print(f"fastload inspect: error: {_one_line(exc)}", file=sys.stderr)
             return 2

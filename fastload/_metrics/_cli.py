@@ -119,6 +119,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return bench(args, print)
+    except BrokenPipeError:
+        raise  # a reader that closed stdout (`| head`): fastload.cli.main ends quietly
     except (FastloadError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"fastload bench: error: {message}", file=sys.stderr)

@@ -1,0 +1,111 @@
+"""What a new user meets in their first hour with the ``fastload`` command, run as they run it
+(``python -m fastload ...`` in a subprocess): ``inspect`` into a closed pipe, on a folder and on
+every format the readers take; ``demo``'s numbers and argument errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+
+from fastload.cli import main as fastload_main
+
+FASTLOAD = [sys.executable, "-m", "fastload"]
+
+
+def run(*argv: str, timeout: float = 120, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FASTLOAD, *argv], capture_output=True, text=True, timeout=timeout, check=False, **kwargs  # type: ignore[call-overload]
+    )
+
+
+def write_text(path: Path, lines: int) -> Path:
+    path.write_text("".join(f"{i:06d} " + "word " * (i % 17 + 1) + "\n" for i in range(lines)))
+    return path
+
+
+def converted(tmp_path: Path, lines: int = 300, *extra: str) -> Path:
+    source = write_text(tmp_path / "corpus.txt", lines)
+    out = tmp_path / "out" / "corpus.h5"
+    out.parent.mkdir()
+    assert fastload_main(["convert", str(source), "-o", str(out), "--quiet", *extra]) == 0
+    return out
+
+
+def test_inspect_into_a_closed_pipe_ends_quietly_as_coreutils_do(tmp_path: Path) -> None:
+    data = converted(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head -2` that has already exited: every write fails with EPIPE
+    try:
+        done = subprocess.run(
+            [*FASTLOAD, "inspect", str(data)], stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=120, check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 128 + signal.SIGPIPE
+
+
+def test_inspect_a_folder_of_shards_checks_each_and_reports_them_together(tmp_path: Path) -> None:
+    data = converted(tmp_path, 300, "--shard-size", "100")
+    done = run("inspect", str(data.parent), "--verify")
+    assert done.returncode == 0, done.stderr
+    assert "HDF5Dataset, 300 samples in 3 file(s)" in done.stdout
+    assert "lengths of input_ids: min" in done.stdout and "padding efficiency" in done.stdout
+    assert done.stdout.rstrip().endswith("verdict: OK (every sample read)")
+
+
+def _table(samples: int = 200) -> pa.Table:
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(1, 50, samples)]
+    return pa.table({"input_ids": pa.array(rows, pa.list_(pa.int32())), "label": np.arange(samples)})
+
+
+def _write(path: Path, kind: str) -> None:
+    table = _table()
+    if kind == "parquet":
+        pq.write_table(table, path)
+    elif kind == "feather":
+        feather.write_feather(table, path)
+    elif kind == "ipc file":
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=64)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("parquet", "corpus.parquet"), ("feather", "corpus.feather"), ("ipc file", "corpus.arrow"),
+     ("ipc stream", "stream.arrow")],
+)
+def test_inspect_takes_every_arrow_format_the_reader_takes(tmp_path: Path, kind: str, name: str) -> None:
+    _write(tmp_path / name, kind)
+    # Parquet is decoded into the cache once: a cache of the test's own.
+    done = run("inspect", str(tmp_path / name), "--batch-size", "8",
+               env={**os.environ, "FASTLOAD_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    assert "ArrowDataset, 200 samples in 1 file(s)" in done.stdout
+    assert "input_ids" in done.stdout and "label" in done.stdout and "h5py" not in done.stdout
+    assert "lengths of input_ids: min 1" in done.stdout and "length-grouped batches" in done.stdout
+    assert done.stdout.rstrip().endswith("verdict: OK (opened by its reader; --verify reads every sample)")
+
+
+def test_inspect_a_file_no_reader_takes_names_the_formats_it_takes(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello\n")
+    done = run("inspect", str(tmp_path / "notes.txt"))
+    assert done.returncode == 2
+    assert "unknown file type .txt" in done.stderr and ".parquet" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+    done = run("inspect", str(tmp_path / "missing"))
+    assert done.returncode == 2 and "missing: no such file or directory" in done.stderr
