@@ -109,3 +109,33 @@ def test_inspect_a_file_no_reader_takes_names_the_formats_it_takes(tmp_path: Pat
     assert len(done.stderr.splitlines()) == 1
     done = run("inspect", str(tmp_path / "missing"))
     assert done.returncode == 2 and "missing: no such file or directory" in done.stderr
+
+
+def test_demo_prints_one_stall_figure_under_one_name(tmp_path: Path) -> None:
+    done = run("demo", "--samples", "1000", "--steps", "30", "--batch-size", "16", "--workers", "1",
+               "--dir", str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    header = next(line for line in out.splitlines() if line.startswith("loader "))
+    assert header.split()[:3] == ["loader", "samples/s", "stall"]
+    row = next(line for line in out.splitlines() if line.startswith("fastload.DataLoader"))
+    stats = next(line for line in out.splitlines() if line.startswith("loader.stats():"))
+    table_stall = row.split()[2] + " %"
+    stats_stall = next(p.strip() for p in stats.split("|") if p.strip().startswith("stall "))
+    assert stats_stall == f"stall {table_stall}"
+    table_speed = row.split()[1]
+    assert f"| {table_speed} samples/s |" in stats
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [(["--samples", "0"], "argument --samples: must be >= 1; got 0"),
+     (["--workers", "-1"], "argument --workers: must be >= 0; got -1"),
+     (["--steps", "ten"], "argument --steps: expected an integer >= 1; got 'ten'")],
+)
+def test_demo_rejects_impossible_sizes_with_a_usage_error(argv: list[str], message: str) -> None:
+    done = run("demo", *argv)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[0].startswith("usage: fastload demo")
+    assert done.stderr.rstrip().endswith(f"fastload demo: error: {message}")
