@@ -139,3 +139,63 @@ def test_demo_rejects_impossible_sizes_with_a_usage_error(argv: list[str], messa
     assert "Traceback" not in done.stderr
     assert done.stderr.splitlines()[0].startswith("usage: fastload demo")
     assert done.stderr.rstrip().endswith(f"fastload demo: error: {message}")
+
+
+def _bench_corpus(path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 120, 600)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["fastload_format"] = 1
+        f.attrs["num_samples"] = len(lengths)
+        f.create_dataset("tokens/values", data=rng.integers(0, 30_000, int(offsets[-1]), dtype=np.uint16))
+        f.create_dataset("tokens/offsets", data=offsets.astype(np.int64))
+        f.create_dataset("lengths", data=lengths.astype(np.int64))
+    return path
+
+
+def _one_core() -> None:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def test_bench_keeps_its_default_workers_within_the_cores_and_torchs_warning_out_of_the_table(
+    tmp_path: Path,
+) -> None:
+    data = _bench_corpus(tmp_path / "corpus.h5")
+    common = ["bench", str(data), "--step-ms", "1", "--batches", "3", "--prefetch", "2", "--batch-size", "8"]
+    done = subprocess.run(
+        [*FASTLOAD, *common, "--out", str(tmp_path / "a")], capture_output=True, text=True,
+        timeout=300, check=False, preexec_fn=_one_core,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "workers: 0,1 (the default list, up to the 1 cores)" in done.stdout
+    assert "This DataLoader will create" not in done.stdout + done.stderr
+    import json
+
+    assert json.loads((tmp_path / "a" / "results.json").read_text())["options"]["workers"] == [0, 1]
+
+    done = subprocess.run(
+        [*FASTLOAD, *common, "--workers", "0,2"], capture_output=True, text=True,
+        timeout=300, check=False, preexec_fn=_one_core,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "This DataLoader will create" not in done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    note = "num_workers=2 exceeds the 1 cores this process may use: torch's warning"
+    assert sum(note in line for line in lines) == 1
+    assert [line.split()[:2] for line in lines if line.startswith(("fastload  ", "torch  "))] == [
+        ["fastload", "0"], ["torch", "0"], ["fastload", "2"], ["torch", "2"],
+    ]
+
+
+def test_bench_pack_names_its_throughput_rows_per_second(tmp_path: Path) -> None:
+    data = _bench_corpus(tmp_path / "corpus.h5")
+    done = run("bench", str(data), "--smoke", "--pack", "256", "--batch-size", "4", "--workers", "0")
+    assert done.returncode == 0, done.stderr
+    header = next(line for line in done.stdout.splitlines() if line.startswith("loader "))
+    assert "rows/s" in header.split() and "samples/s" not in header
+    assert "rows/s: packed rows of 256 tokens per second, not samples" in done.stdout
+    advice = done.stdout.split("recommendation:")[1]
+    assert "rows/s" in advice and "samples/s" not in advice
