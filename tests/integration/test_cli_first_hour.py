@@ -199,3 +199,40 @@ def test_bench_pack_names_its_throughput_rows_per_second(tmp_path: Path) -> None
     assert "rows/s: packed rows of 256 tokens per second, not samples" in done.stdout
     advice = done.stdout.split("recommendation:")[1]
     assert "rows/s" in advice and "samples/s" not in advice
+
+
+def test_convert_says_empty_lines_apart_from_samples_shorter_than_min_length(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("hello there\n\nab\nanother line\n\n\n")
+    done = run("convert", str(tmp_path / "a.txt"), "-o", str(tmp_path / "a.h5"), "--min-length", "3")
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "dropped 3 empty samples (blank lines or no tokens; --min-length 0 keeps them)" in said
+    assert "dropped 1 samples shorter than --min-length" in said
+    done = run("convert", str(tmp_path / "a.txt"), "-o", str(tmp_path / "b.h5"))
+    assert done.returncode == 0, done.stderr
+    assert "shorter than --min-length" not in done.stdout + done.stderr
+
+
+def test_bench_device_cuda_without_cuda_advises_the_option_the_user_types(tmp_path: Path) -> None:
+    data = _bench_corpus(tmp_path / "corpus.h5")
+    done = run("bench", str(data), "--smoke", "--device", "cuda",
+               env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 2
+    assert "--device cpu" in done.stderr and "device=None" not in done.stderr
+
+
+def test_a_pack_length_over_the_token_budget_is_named_pack_length() -> None:
+    import fastload
+
+    class Docs:
+        lengths = np.full(20, 10)
+
+        def __len__(self) -> int:
+            return 20
+
+        def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+            return {"input_ids": np.arange(10)}
+
+    with pytest.raises(ValueError, match=r"max_tokens=32 is less than pack_length=64") as caught:
+        fastload.DataLoader(Docs(), pack_length=64, max_tokens=32)
+    assert "seq_len" not in str(caught.value)
