@@ -9,8 +9,11 @@ input, bad input data, unwritable or existing output), reported in one line with
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from fastload._convert._options import (
@@ -247,7 +250,40 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a conversion unwinds as it does for Ctrl-C
+    (its temporary folder removed, its workers shut down); not an ``Exception``, so that no
+    handler of the converter's own takes it for a failure."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can be set from the main thread only
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def run_convert(args: argparse.Namespace, prog: str = "fastload convert") -> int:
+    """Run the conversion ``args`` describe; SIGTERM cleans up as Ctrl-C does and exits with
+    the status a process killed by SIGTERM has (143)."""
+    try:
+        with _sigterm_unwinds():
+            return _run_convert(args, prog)
+    except _Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+def _run_convert(args: argparse.Namespace, prog: str) -> int:
     from fastload._remote import is_remote
 
     if is_remote(args.output):

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -236,3 +237,34 @@ def test_a_pack_length_over_the_token_budget_is_named_pack_length() -> None:
     with pytest.raises(ValueError, match=r"max_tokens=32 is less than pack_length=64") as caught:
         fastload.DataLoader(Docs(), pack_length=64, max_tokens=32)
     assert "seq_len" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_sigterm_during_convert_cleans_up_as_ctrl_c_does(tmp_path: Path, workers: str) -> None:
+    import psutil
+
+    (tmp_path / "big.txt").write_text(
+        "".join(f"{i:08d} " + "abcdefghij" * (i % 12 + 1) + "\n" for i in range(400_000))
+    )
+    (tmp_path / "small.txt").write_text("previous\n")
+    assert fastload_main(["convert", str(tmp_path / "small.txt"), "-o", str(tmp_path / "out.h5"), "--quiet"]) == 0
+    previous = (tmp_path / "out.h5").read_bytes()
+    process = subprocess.Popen(
+        [*FASTLOAD, "convert", "big.txt", "-o", "out.h5", "--overwrite", "--quiet", "--workers", workers,
+         "--tokenizer", "whitespace"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    temp = tmp_path / f".out.h5.fastload-tmp-{process.pid}"
+    while not (temp.is_dir() and any(temp.iterdir())):  # mid-conversion: the spool is begun
+        assert process.poll() is None, f"the converter ended before SIGTERM: {process.communicate()}"
+        time.sleep(0.001)
+    started = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.strip() == "fastload convert: terminated"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt", "out.h5", "small.txt"]
+    assert (tmp_path / "out.h5").read_bytes() == previous
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert not alive, f"workers left running: {[p.pid for p in alive]}"
