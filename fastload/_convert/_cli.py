@@ -185,7 +185,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tokenize in N processes (default 0: in this one); the output is the same for any N",
     )
-    output.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    output.add_argument(
+        "--quiet", action="store_true",
+        help="no progress (a bar on a terminal, else a line every 5 s on stderr), no summary",
+    )
     add_storage_option_argument(output)
     engine = parser.add_argument_group("engine")
     engine.add_argument(
@@ -240,7 +243,7 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
         on_error=args.on_error,
         errors=args.errors,
         overwrite=args.overwrite,
-        progress=not args.quiet and sys.stderr.isatty(),
+        progress=not args.quiet,
         engine=args.engine,
         ray_address=args.ray_address,
     )

@@ -128,7 +128,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return bench(args, print)
+        # Flushed line by line: in a log or a pipe the table still grows as each run ends.
+        return bench(args, lambda line: print(line, flush=True))
     except BrokenPipeError:
         raise  # a reader that closed stdout (`| head`): fastload.cli.main ends quietly
     except (FastloadError, OSError) as error:
@@ -204,8 +205,16 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     say("")
     say(table_header(unit))
     rows: list[BenchRow] = []
+    runs = len(steps) * len(configurations(options))
     for step_name, step in steps:
         for loader, workers, prefetch in configurations(options):
+            if not sys.stderr.isatty():
+                # No terminal to watch the table on (CI, nohup): say what runs now.
+                print(
+                    f"fastload bench: run {len(rows) + 1} of {runs}: {loader}, num_workers={workers}"
+                    f"{'' if prefetch is None else f', prefetch_factor={prefetch}'}, {step_name} step",
+                    file=sys.stderr, flush=True,
+                )
             if cold_files is not None:
                 # A mapped page cannot be evicted: unmap this process's files (a run without
                 # workers read through them; the next read maps again) and collect the last

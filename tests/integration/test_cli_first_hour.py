@@ -268,3 +268,24 @@ def test_sigterm_during_convert_cleans_up_as_ctrl_c_does(tmp_path: Path, workers
     assert (tmp_path / "out.h5").read_bytes() == previous
     _, alive = psutil.wait_procs(started, timeout=15)
     assert not alive, f"workers left running: {[p.pid for p in alive]}"
+
+
+def test_without_a_terminal_convert_and_bench_report_progress_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_text("".join(f"{i:07d} " + "words " * (i % 9 + 1) + "\n" for i in range(200_000)))
+    # Every advance prints a line here; by default one every 5 s.
+    env = {**os.environ, "_FASTLOAD_PROGRESS_EVERY_S": "0"}
+    done = run("convert", str(tmp_path / "big.txt"), "-o", str(tmp_path / "big.h5"), env=env)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("converting: ")]
+    assert len(lines) >= 2, done.stderr
+    assert " MB of " in lines[-1] and "records/s" in lines[-1]
+    done = run("convert", str(tmp_path / "big.txt"), "-o", str(tmp_path / "q.h5"), "--quiet", env=env)
+    assert done.returncode == 0 and done.stderr == ""
+
+    data = _bench_corpus(tmp_path / "corpus.h5")
+    done = run("bench", str(data), "--smoke", "--workers", "0")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "fastload bench: run 1 of 2: fastload, num_workers=0, 1 ms step",
+        "fastload bench: run 2 of 2: torch, num_workers=0, 1 ms step",
+    ]
