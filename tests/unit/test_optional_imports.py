@@ -1,4 +1,4 @@
-"""``import fastload`` never imports transformers or accelerate (the ``fastload[hf]`` extra);
+"""``import fastload`` never imports transformers or accelerate (the ``hf`` extra);
 ``fastload.hf`` and ``fastload.accelerate`` import them, and name the extra where they are
 missing. Each check runs in a fresh interpreter: this one has imported them already."""
 
