@@ -318,6 +318,9 @@ def run_inspect(
         f = h5py.File(path, "r")
     except OSError as exc:
         raise DataFormatError(f"{path}: not an HDF5 file ({exc})") from exc
+    if "fastload_format" not in f.attrs:
+        f.close()  # plain HDF5 arrays, which HDF5Dataset reads too: its reader describes them
+        return _inspect_with_reader(path, batch_size, verify, pack, write)
 
     with f:
         layout = read_layout(f)
@@ -365,6 +368,8 @@ def open_reader(path: Path) -> Any:
         return fastload.ArrowDataset(path)
     if path.suffix.lower() in ARROW_SUFFIXES:
         return fastload.ArrowDataset(path)
+    if h5py.is_hdf5(path):
+        return fastload.HDF5Dataset(path)
     raise UsageError(
         f"{path}: unknown file type {path.suffix or '(no extension)'}; fastload inspect takes "
         f"{', '.join(HDF5_SUFFIXES + ARROW_SUFFIXES)} files and folders of them"

@@ -289,3 +289,18 @@ def test_without_a_terminal_convert_and_bench_report_progress_on_stderr(tmp_path
         "fastload bench: run 1 of 2: fastload, num_workers=0, 1 ms step",
         "fastload bench: run 2 of 2: torch, num_workers=0, 1 ms step",
     ]
+
+
+def test_inspect_a_plain_hdf5_file_describes_it_as_hdf5dataset_reads_it(tmp_path: Path) -> None:
+    import h5py
+
+    with h5py.File(tmp_path / "features.h5", "w") as f:
+        f["x"] = np.zeros((50, 4), np.float32)
+        f["y"] = np.arange(50)
+    done = run("inspect", str(tmp_path / "features.h5"), "--verify")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "HDF5Dataset, 50 samples in 1 file(s)" in done.stdout
+    assert [line.split()[:3] for line in done.stdout.splitlines() if line.startswith("  ")] == [
+        ["x", "fixed", "float32"], ["y", "fixed", "int64"],
+    ]
+    assert done.stdout.rstrip().endswith("verdict: OK (every sample read)")
