@@ -23,6 +23,9 @@ setup() {
     if ! $pip install --no-deps --no-index "torch==$torch_version" 2>/dev/null; then
         $pip install --no-deps "torch==$torch_version" --index-url https://download.pytorch.org/whl/cpu
     fi
+    # A distribution named "fastload" is this project under its old name, or the unrelated
+    # project of that name on the package index: either would also provide `import fastload`.
+    $pip uninstall -y fastload 2>/dev/null || true
     $pip install -r requirements/test.txt
     echo "$want" > "$stamp"
 }

@@ -707,6 +707,11 @@ def _packed_sampler(
     if max_tokens is None and batch_size is None:
         raise ValueError("pack_length= needs batch_size (rows per batch) or max_tokens")
     assert options.pack_length is not None
+    if max_tokens is not None and max_tokens < options.pack_length:
+        raise ValueError(  # said here: the sampler would name pack_length its seq_len
+            f"max_tokens={max_tokens} is less than pack_length={options.pack_length}: not one "
+            "packed row fits the budget"
+        )
     return PackedBatchSampler(
         lengths,
         seq_len=options.pack_length,

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from fastload._device import cuda_device
+from fastload.errors import MissingExtraError
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class LoaderOptions:
             try:
                 import tqdm  # noqa: F401
             except ImportError as exc:
-                raise ImportError("progress=True needs tqdm: pip install 'fastload[progress]'") from exc
+                raise MissingExtraError.for_extra("progress=True", "tqdm", "progress") from exc
         grouped = _flag("length_grouped", length_grouped)
         packed = _positive_int("pack_length", pack_length, optional=True)
         if grouped and packed is not None:

@@ -11,7 +11,7 @@ optimizer to ``accelerator.prepare`` as usual, and the loader here.
 A fastload loader that was rebuilt anyway warns with
 :class:`~fastload.errors.RebuiltLoaderWarning` when its first batch is asked for.
 
-Importing this module imports ``accelerate`` (the ``fastload[hf]`` extra).
+Importing this module imports ``accelerate`` (the ``hf`` extra: ``pip install 'torch-fastload[hf]'``).
 """
 
 from __future__ import annotations

@@ -122,9 +122,36 @@ class UnsupportedSchemeError(FastloadError, ValueError):
     the message names the scheme and the ones it reads."""
 
 
+#: The name fastload is installed under from the package index (``fastload`` there is another
+#: project); the import name stays ``fastload``.
+DISTRIBUTION = "torch-fastload"
+
+
+def install_command(extra: str) -> str:
+    """The command that installs fastload with ``extra``, e.g. ``pip install 'torch-fastload[hf]'``."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 class MissingExtraError(FastloadError, ImportError):
-    """An optional dependency is not installed; the message names the extra that brings it
-    (``pip install 'fastload[s3]'``)."""
+    """An optional dependency is not installed (or lacks a part fastload needs); the message
+    names what needs it and, where an extra brings it, the extra and its install command
+    (``pip install 'torch-fastload[hf]'``), which ``extra`` holds as ``"hf"``."""
+
+    def __init__(self, message: str, extra: str | None = None) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.args[0] if self.args else "", self.extra)
+
+    @classmethod
+    def for_extra(cls, needed_by: str, package: str, extra: str) -> MissingExtraError:
+        """``needed_by`` (what the user asked for) needs ``package``, which ``extra`` installs."""
+        return cls(
+            f"{needed_by} needs the {package!r} package, which is not installed: "
+            f"{install_command(extra)} (the {extra!r} extra)",
+            extra,
+        )
 
 
 class FieldNotFoundError(DataFormatError, KeyError):

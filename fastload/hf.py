@@ -23,7 +23,7 @@ subclass keeps fastload's engine throughout:
 :class:`CausalLMCollate` (padded ids, mask and labels) is here for loops of your own, on
 accelerate for example.
 
-Importing this module imports ``transformers`` (the ``fastload[hf]`` extra).
+Importing this module imports ``transformers`` (the ``hf`` extra: ``pip install 'torch-fastload[hf]'``).
 """
 
 from __future__ import annotations

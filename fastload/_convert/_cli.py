@@ -9,8 +9,11 @@ input, bad input data, unwritable or existing output), reported in one line with
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from fastload._convert._options import (
@@ -182,7 +185,10 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tokenize in N processes (default 0: in this one); the output is the same for any N",
     )
-    output.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    output.add_argument(
+        "--quiet", action="store_true",
+        help="no progress (a bar on a terminal, else a line every 5 s on stderr), no summary",
+    )
     add_storage_option_argument(output)
     engine = parser.add_argument_group("engine")
     engine.add_argument(
@@ -190,7 +196,7 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ENGINES,
         default="local",
         help="local (default): this machine's processes; ray: tokenize over a Ray cluster's CPUs "
-        "with Ray Data and write shards in parallel (pip install 'fastload[ray]'); the same output",
+        "with Ray Data and write shards in parallel (pip install 'torch-fastload[ray]'); the same output",
     )
     engine.add_argument(
         "--ray-address",
@@ -237,7 +243,7 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
         on_error=args.on_error,
         errors=args.errors,
         overwrite=args.overwrite,
-        progress=not args.quiet and sys.stderr.isatty(),
+        progress=not args.quiet,
         engine=args.engine,
         ray_address=args.ray_address,
     )
@@ -247,7 +253,40 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that a conversion unwinds as it does for Ctrl-C
+    (its temporary folder removed, its workers shut down); not an ``Exception``, so that no
+    handler of the converter's own takes it for a failure."""
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can be set from the main thread only
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def run_convert(args: argparse.Namespace, prog: str = "fastload convert") -> int:
+    """Run the conversion ``args`` describe; SIGTERM cleans up as Ctrl-C does and exits with
+    the status a process killed by SIGTERM has (143)."""
+    try:
+        with _sigterm_unwinds():
+            return _run_convert(args, prog)
+    except _Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+def _run_convert(args: argparse.Namespace, prog: str) -> int:
     from fastload._remote import is_remote
 
     if is_remote(args.output):
@@ -305,11 +344,11 @@ def add_convert_parser(sub: argparse._SubParsersAction) -> None:
 def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "inspect",
-        help="describe and check a fastload HDF5 file",
+        help="describe and check a fastload HDF5 file, a folder of shards or an Arrow/Parquet file",
         description="Fields, sizes, length statistics, padding (and with --pack, packing) efficiency "
         "and a validation verdict.",
     )
-    parser.add_argument("file", type=Path, metavar="FILE")
+    parser.add_argument("file", type=Path, metavar="PATH")
     parser.add_argument(
         "--batch-size", type=int, default=64, help="batch size for the padding figures (default 64)"
     )
@@ -337,6 +376,8 @@ def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
                 out=sys.stdout,
                 pack=args.pack,
             )
+        except BrokenPipeError:
+            raise  # a reader that closed stdout (`| head`): fastload.cli.main ends quietly
         except (FastloadError, OSError) as exc:
             print(f"fastload inspect: error: {_one_line(exc)}", file=sys.stderr)
             return 2

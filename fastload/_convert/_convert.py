@@ -114,6 +114,11 @@ class ConvertReport:
             f"skipped {count:,} record{'s' if count > 1 else ''}: {reason} (first: {s.first_skip[reason]})"
             for reason, count in sorted(s.skipped.items())
         ]
+        if s.dropped_empty:
+            lines.append(
+                f"dropped {s.dropped_empty:,} empty samples (blank lines or no tokens; "
+                "--min-length 0 keeps them)"
+            )
         if s.dropped_short:
             lines.append(f"dropped {s.dropped_short:,} samples shorter than --min-length")
         if s.dropped_long:
@@ -329,6 +334,7 @@ def convert(options: ConvertOptions) -> ConvertReport:
             s = run.stats
             raise DataFormatError(
                 f"no samples to write: {s.records:,} records read, {sum(s.skipped.values()):,} skipped, "
+                f"{s.dropped_empty:,} empty, "
                 f"{s.dropped_short + s.dropped_long:,} dropped by --min-length/--max-length"
             )
         dest = options.output
@@ -380,6 +386,7 @@ def _counts(stats: ChunkStats, samples: int) -> dict[str, object]:
         "records_read": stats.records,
         "samples_written": samples,
         "skipped": dict(sorted(stats.skipped.items())),
+        "dropped_empty": stats.dropped_empty,
         "dropped_shorter_than_min_length": stats.dropped_short,
         "dropped_longer_than_max_length": stats.dropped_long,
         "truncated_to_max_length": stats.truncated,

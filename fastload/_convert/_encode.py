@@ -204,12 +204,14 @@ def apply_length_limits(
     encoded: Encoded, primary: str | None, *, min_length: int, max_length: int | None, overlong: str
 ) -> None:
     """Drop samples whose primary field is shorter than ``min_length``; truncate or drop those
-    longer than ``max_length``; count each in ``encoded.stats``."""
+    longer than ``max_length``; count each in ``encoded.stats`` (empty samples apart)."""
     if primary is None:
         return
     lengths = encoded.ragged[primary][1]
     keep = lengths >= min_length
-    encoded.stats.dropped_short += int((~keep).sum())
+    empty = int((~keep & (lengths == 0)).sum())
+    encoded.stats.dropped_empty += empty
+    encoded.stats.dropped_short += int((~keep).sum()) - empty
     too_long = keep & (lengths > max_length) if max_length is not None else None
     if too_long is not None and overlong == "drop":
         encoded.stats.dropped_long += int(too_long.sum())

@@ -1,10 +1,15 @@
-"""``fastload inspect FILE``: what a fastload HDF5 file holds, how its lengths are spread, how
+"""``fastload inspect PATH``: what a fastload HDF5 file holds, how its lengths are spread, how
 much padding batches would carry (and, with ``--pack N``, how full packed rows of ``N`` tokens
 would be), and whether the layout is valid.
 
 The cheap checks (always run) read attributes, shapes, dtypes and the first and last offsets.
 ``--verify`` also reads every offset and length, and every token id where the vocabulary is
 recorded, in blocks of :data:`VERIFY_ROWS`, so memory stays bounded whatever the file size.
+
+Any other PATH the readers take (a folder of shards, Arrow IPC files and streams, Feather,
+Parquet, a Hugging Face ``save_to_disk`` folder) is opened with its reader, which checks what it
+checks at construction; HDF5 shards in the fastload layout get the cheap checks above too, and
+``--verify`` reads every sample through the reader.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import h5py
 import numpy as np
@@ -22,12 +27,14 @@ import numpy.typing as npt
 
 import fastload
 from fastload._convert._options import LENGTHS_NAME
-from fastload.errors import DataFormatError, UsageError
+from fastload.errors import DataFileNotFoundError, DataFormatError, UsageError
 
 #: Elements read per step by ``--verify``.
 VERIFY_ROWS = 1 << 20
 #: Width of the histogram's longest bar, in characters.
 BAR_WIDTH = 40
+HDF5_SUFFIXES = (".h5", ".hdf5")
+ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
 
 @dataclass
@@ -299,15 +306,21 @@ def run_inspect(
         raise UsageError(f"--batch-size must be >= 1, got {batch_size}")
     if pack is not None and pack < 1:
         raise UsageError(f"--pack must be >= 1 (tokens per packed row), got {pack}")
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
+    if not path.exists():
+        raise DataFileNotFoundError(f"{path}: no such file or directory", path)
+
+    def write(line: str) -> None:
+        print(line, file=out)
+
+    if path.is_dir() or (path.suffix.lower() not in HDF5_SUFFIXES and not h5py.is_hdf5(path)):
+        return _inspect_with_reader(path, batch_size, verify, pack, write)
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
         raise DataFormatError(f"{path}: not an HDF5 file ({exc})") from exc
-
-    def write(line: str) -> None:
-        print(line, file=out)
+    if "fastload_format" not in f.attrs:
+        f.close()  # plain HDF5 arrays, which HDF5Dataset reads too: its reader describes them
+        return _inspect_with_reader(path, batch_size, verify, pack, write)
 
     with f:
         layout = read_layout(f)
@@ -327,15 +340,93 @@ def run_inspect(
         problems = list(layout.problems)
         if verify and not problems:
             problems += check_fully(f, layout)
-    if problems:
-        write(f"verdict: INVALID ({len(problems)} problem(s))")
-        for problem in problems:
-            write(f"  - {problem}")
-        return 1
     scope = (
         "every offset, length and id checked"
         if verify
         else "structure checked; --verify checks every offset"
     )
+    return _verdict(problems, scope, write)
+
+
+def _verdict(problems: list[str], scope: str, write: Callable[[str], None]) -> int:
+    if problems:
+        write(f"verdict: INVALID ({len(problems)} problem(s))")
+        for problem in problems:
+            write(f"  - {problem}")
+        return 1
     write(f"verdict: OK ({scope})")
     return 0
+
+
+def open_reader(path: Path) -> Any:
+    """The reader a loader would use for ``path``: ``HDF5Dataset`` for HDF5 files or a folder
+    holding some, ``ArrowDataset`` for Arrow IPC files and streams, Feather, Parquet and any
+    other folder; a :class:`UsageError` for another kind of file."""
+    if path.is_dir():
+        if any(p.suffix.lower() in HDF5_SUFFIXES for p in path.iterdir()):
+            return fastload.HDF5Dataset(path)
+        return fastload.ArrowDataset(path)
+    if path.suffix.lower() in ARROW_SUFFIXES:
+        return fastload.ArrowDataset(path)
+    if h5py.is_hdf5(path):
+        return fastload.HDF5Dataset(path)
+    raise UsageError(
+        f"{path}: unknown file type {path.suffix or '(no extension)'}; fastload inspect takes "
+        f"{', '.join(HDF5_SUFFIXES + ARROW_SUFFIXES)} files and folders of them"
+    )
+
+
+def _inspect_with_reader(
+    path: Path, batch_size: int, verify: bool, pack: int | None, write: Callable[[str], None]
+) -> int:
+    """The report for a folder or a non-HDF5 file, from the reader that would load it."""
+    dataset = open_reader(path)
+    try:
+        files = dataset.files
+        size_mb = sum(Path(f).stat().st_size for f in files) / 1e6
+        write(
+            f"{path}: {type(dataset).__name__}, {len(dataset):,} samples in {len(files):,} "
+            f"file(s), {size_mb:,.1f} MB"
+        )
+        write("fields:")
+        for name, spec in dataset.fields.items():
+            shape = "x".join(map(str, spec.shape)) or "scalar"
+            mark = "  (primary: lengths)" if name == dataset.length_field else ""
+            write(f"  {name:<20} {spec.kind:<7} {spec.dtype!s:<8} {shape:>14}{mark}")
+        problems = _shard_problems(files, verify) if isinstance(dataset, fastload.HDF5Dataset) else []
+        if verify and not problems:
+            problems += _read_every_sample(dataset)
+        if dataset.length_field is not None and len(dataset) and not problems:
+            lengths = np.asarray(dataset.lengths, dtype=np.int64)
+            _print_lengths(lengths, dataset.length_field, batch_size, pack, write)
+    finally:
+        dataset.close()
+    scope = "every sample read" if verify else "opened by its reader; --verify reads every sample"
+    return _verdict(problems, scope, write)
+
+
+def _shard_problems(files: list[str], verify: bool) -> list[str]:
+    """The cheap (and with ``verify`` the full) layout checks of each HDF5 shard in the
+    fastload layout, each problem prefixed with its file."""
+    problems: list[str] = []
+    for file in files:
+        with h5py.File(file, "r") as f:
+            if "fastload_format" not in f.attrs:
+                continue  # plain HDF5 arrays: the reader's own checks are all there are
+            layout = read_layout(f)
+            found = list(layout.problems)
+            if verify and not found:
+                found = check_fully(f, layout)
+        problems += [f"{file}: {problem}" for problem in found]
+    return problems
+
+
+def _read_every_sample(dataset: Any) -> list[str]:
+    """Read every sample through the reader, in blocks; the first error as a problem."""
+    step = max(1, VERIFY_ROWS // 64)
+    for start in range(0, len(dataset), step):
+        try:
+            dataset.read_batch(np.arange(start, min(len(dataset), start + step)))
+        except DataFormatError as exc:
+            return [f"samples {start:,} to {min(len(dataset), start + step) - 1:,}: {exc}"]
+    return []

@@ -126,6 +126,9 @@ class ChunkStats:
     skipped: dict[str, int] = field(default_factory=dict)
     first_skip: dict[str, str] = field(default_factory=dict)
     dropped_short: int = 0
+    #: Samples dropped by --min-length that were empty (blank lines, no tokens): said apart
+    #: from those that held a few tokens.
+    dropped_empty: int = 0
     dropped_long: int = 0
     truncated: int = 0
 
@@ -142,6 +145,7 @@ class ChunkStats:
         for reason, where in later.first_skip.items():
             self.first_skip.setdefault(reason, where)
         self.dropped_short += later.dropped_short
+        self.dropped_empty += later.dropped_empty
         self.dropped_long += later.dropped_long
         self.truncated += later.truncated
 

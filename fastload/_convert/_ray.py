@@ -41,7 +41,7 @@ import numpy as np
 
 from fastload._convert._progress import Progress
 from fastload._convert._shard_file import ShardCounts, ShardJob, remove_spools, write_shard
-from fastload.errors import MissingExtraError, WorkerCrashedError
+from fastload.errors import MissingExtraError, WorkerCrashedError, install_command
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -72,7 +72,7 @@ def import_ray() -> Any:
         import ray.data
     except ImportError as exc:
         raise MissingExtraError(
-            f"--engine ray needs Ray Data ({exc}); install it with pip install 'fastload[ray]'"
+            f"--engine ray needs Ray Data ({exc}); install it with {install_command('ray')}", "ray"
         ) from exc
     return ray
 

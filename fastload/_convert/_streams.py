@@ -16,7 +16,7 @@ from typing import BinaryIO
 import numpy as np
 
 from fastload._convert._discover import InputFile
-from fastload.errors import DataFormatError, UsageError
+from fastload.errors import DataFormatError, MissingExtraError
 
 BOM = b"\xef\xbb\xbf"
 
@@ -37,9 +37,8 @@ class ByteStream:
                 import zstandard
             except ImportError as exc:
                 self._raw.close()
-                raise UsageError(
-                    f"{file.display}: reading .zst files needs the 'zstandard' package: "
-                    f"pip install 'fastload[convert]'"
+                raise MissingExtraError.for_extra(
+                    f"{file.display}: reading .zst files", "zstandard", "convert"
                 ) from exc
             reader = zstandard.ZstdDecompressor().stream_reader(self._raw, read_across_frames=True)
             self._stream = io.BufferedReader(reader)

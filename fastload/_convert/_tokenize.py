@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from fastload.errors import UsageError
+from fastload.errors import MissingExtraError, UsageError
 
 PAD, UNK = "<pad>", "<unk>"
 #: A lone UTF-16 surrogate: what a JSON escape like "\ud800" decodes to, and no UTF-8 holds.
@@ -164,9 +164,7 @@ class HFTokenizer:
         try:
             from tokenizers import Tokenizer as _Tokenizer
         except ImportError as exc:
-            raise UsageError(
-                f"--tokenizer {path} needs the 'tokenizers' package: pip install 'fastload[convert]'"
-            ) from exc
+            raise MissingExtraError.for_extra(f"--tokenizer {path}", "tokenizers", "convert") from exc
         try:
             self._tokenizer = _Tokenizer.from_file(path)
         except Exception as exc:  # the Rust side raises a bare Exception for a bad file

@@ -5,14 +5,13 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from fastload.errors import MissingExtraError
+
 
 def require(module: str, feature: str) -> ModuleType:
-    """Import ``module`` for ``feature``, or raise ``ImportError`` saying how to install it."""
+    """Import ``module`` for ``feature``, or raise :class:`MissingExtraError` naming the ``hf``
+    extra (transformers and accelerate) and its install command."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(
-            f"{feature} needs the {module!r} package, which is not installed: install fastload "
-            "with its Hugging Face extra, `pip install 'fastload[hf]'` (transformers and "
-            "accelerate)"
-        ) from exc
+        raise MissingExtraError.for_extra(feature, module, "hf") from exc

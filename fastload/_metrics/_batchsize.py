@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -57,12 +58,24 @@ class BatchSizeReport:
     ``recommended``: the smallest size tried whose busy fraction reached ``target_busy``
     (``None`` if none did). ``largest_fitting``: the largest size that ran without running out
     of memory (``None`` if even ``start`` did not). ``trials``: every size tried, ascending.
+    ``max_batch_size``: the search's cap; where ``capped`` holds, the largest size that fits
+    is only the cap, and larger sizes may fit too.
     """
 
     target_busy: float
     recommended: int | None
     largest_fitting: int | None
     trials: tuple[BatchSizeTrial, ...]
+    max_batch_size: int | None = None
+
+    @property
+    def capped(self) -> bool:
+        """Whether the search stopped at ``max_batch_size`` with every size fitting."""
+        return (
+            self.largest_fitting is not None
+            and self.largest_fitting == self.max_batch_size
+            and all(t.fits for t in self.trials)
+        )
 
     def __str__(self) -> str:
         lines = [f"{'batch size':>10}  {'samples/s':>12}  {'busy':>6}  {'step ms':>9}  {'wait ms':>9}"]
@@ -80,11 +93,21 @@ class BatchSizeReport:
         if self.recommended is not None:
             lines.append(f"smallest batch size keeping the device {target} busy: {self.recommended}")
         elif self.largest_fitting is not None:
+            too_small = (
+                f"max_batch_size={self.max_batch_size} is too small" if self.capped
+                else "the largest size that fits is still too small"
+            )
             lines.append(
                 f"no batch size kept the device {target} busy: the loader is the bottleneck "
-                "(add workers) or the largest size that fits is still too small"
+                f"(add workers) or {too_small}"
             )
-        if self.largest_fitting is not None:
+        if self.capped:
+            lines.append(
+                f"batch size {self.largest_fitting} fits in memory; the search stopped at "
+                f"max_batch_size={self.max_batch_size}, not at a size that ran out of memory "
+                "(raise max_batch_size to search further)"
+            )
+        elif self.largest_fitting is not None:
             lines.append(f"largest batch size that fits in memory: {self.largest_fitting}")
         else:
             lines.append(f"even batch size {self.trials[0].batch_size} ran out of memory")
@@ -110,6 +133,7 @@ def find_batch_size(
     warmup_steps: int = 2,
     tolerance: float = 0.125,
     clock: Clock = time.perf_counter,
+    progress: bool = True,
 ) -> BatchSizeReport:
     """Find the smallest batch size that keeps the device at least ``target_busy`` busy and
     the largest that fits in memory (the search is in the module docstring).
@@ -118,7 +142,8 @@ def find_batch_size(
     end with a synchronizing call such as ``loss.item()``, or the step's time lands in the next
     wait). ``loader_factory(batch_size)`` returns an iterable of batches of that size with at
     least ``warmup_steps + steps`` batches. ``tolerance`` is the relative width at which a
-    bisection stops (0.125: the answer is within 12.5 % of the true boundary).
+    bisection stops (0.125: the answer is within 12.5 % of the true boundary). ``progress``:
+    a line on stderr as each size starts and ends (terminal or not: a search takes minutes).
     """
     if not 0 < target_busy <= 1:
         raise ValueError(f"find_batch_size: target_busy must be in (0, 1]; got {target_busy!r}")
@@ -138,7 +163,11 @@ def find_batch_size(
 
     def trial(size: int) -> BatchSizeTrial:
         if size not in trials:
+            if progress:
+                _say(f"trying batch size {size} ({warmup_steps} + {steps} steps)")
             trials[size] = _try(step_fn, loader_factory, size, steps, warmup_steps, clock)
+            if progress:
+                _say(_outcome(trials[size]))
         return trials[size]
 
     size = start
@@ -169,7 +198,19 @@ def find_batch_size(
         recommended=recommended,
         largest_fitting=largest,
         trials=tuple(trials[s] for s in sorted(trials)),
+        max_batch_size=max_batch_size,
     )
+
+
+def _say(line: str) -> None:
+    print(f"find_batch_size: {line}", file=sys.stderr, flush=True)
+
+
+def _outcome(t: BatchSizeTrial) -> str:
+    if not t.fits:
+        return f"batch size {t.batch_size}: out of memory"
+    assert t.busy is not None and t.samples_per_s is not None
+    return f"batch size {t.batch_size}: {t.samples_per_s:,.0f} samples/s, device busy {t.busy * 100:.1f} %"
 
 
 def _bisect(good: int, bad: int, is_good: Callable[[int], bool], tolerance: float) -> int:

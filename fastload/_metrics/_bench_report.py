@@ -14,6 +14,7 @@ from typing import Any
 
 from fastload._metrics._bench import BenchRow
 from fastload._metrics._stats import STALL_OK
+from fastload.errors import install_command
 
 #: (header, width) of each table column.
 COLUMNS = (
@@ -27,11 +28,21 @@ COLUMNS = (
     ("first batch s", 13),
     ("PSS MiB", 8),
 )
-PLOT_HINT = "stall.png not written: plotting needs matplotlib (pip install fastload[plot])"
+PLOT_HINT = f"stall.png not written: plotting needs matplotlib ({install_command('plot')})"
 
 
-def table_header() -> str:
-    names = [f"{name:<{width}}" if i < 4 else f"{name:>{width}}" for i, (name, width) in enumerate(COLUMNS)]
+def rate_unit(packed: bool) -> str:
+    """What the throughput column counts: samples, or packed rows (each holding several
+    samples, or pieces of them)."""
+    return "rows/s" if packed else "samples/s"
+
+
+def table_header(unit: str = "samples/s") -> str:
+    """The table's header; ``unit`` names the throughput column (:func:`rate_unit`)."""
+    names = [
+        f"{name:<{width}}" if i < 4 else f"{unit if name == 'samples/s' else name:>{width}}"
+        for i, (name, width) in enumerate(COLUMNS)
+    ]
     return "  ".join(names)
 
 
@@ -77,7 +88,10 @@ class Recommendation:
         }
 
 
-def recommend(rows: Sequence[BenchRow], step: str, *, cores: int, max_workers_tried: int) -> Recommendation:
+def recommend(
+    rows: Sequence[BenchRow], step: str, *, cores: int, max_workers_tried: int,
+    unit: str = "samples/s",
+) -> Recommendation:
     ours = [r for r in rows if r.step == step and r.loader == "fastload"]
     if not ours:
         raise ValueError(f"recommend: no fastload rows for step {step!r}")
@@ -94,11 +108,11 @@ def recommend(rows: Sequence[BenchRow], step: str, *, cores: int, max_workers_tr
     if baseline is not None:
         versus = (
             f"; torch's DataLoader with num_workers={baseline.workers}: stall "
-            f"{baseline.stall_fraction * 100:.1f} %, {baseline.samples_per_s:,.0f} samples/s"
+            f"{baseline.stall_fraction * 100:.1f} %, {baseline.samples_per_s:,.0f} {unit}"
         )
     if chosen is not None:
         text = (
-            f"{step} step: use {_settings(chosen)} — {_figures(chosen)}{versus}"
+            f"{step} step: use {_settings(chosen)} — {_figures(chosen, unit)}{versus}"
         )
     else:
         if max_workers_tried < cores:
@@ -112,7 +126,7 @@ def recommend(rows: Sequence[BenchRow], step: str, *, cores: int, max_workers_tr
         text = (
             f"{step} step: no configuration kept the stall under {STALL_OK * 100:.0f} %; the "
             f"lowest, {_settings(best)}, stalls {best.stall_fraction * 100:.1f} % at "
-            f"{best.samples_per_s:,.0f} samples/s{versus}. {advice[0].upper()}{advice[1:]}"
+            f"{best.samples_per_s:,.0f} {unit}{versus}. {advice[0].upper()}{advice[1:]}"
         )
     return Recommendation(step, chosen, best, baseline, text)
 
@@ -123,8 +137,8 @@ def _settings(row: BenchRow) -> str:
     return f"num_workers={row.workers}, prefetch_factor={row.prefetch}"
 
 
-def _figures(row: BenchRow) -> str:
-    parts = [f"stall {row.stall_fraction * 100:.1f} %", f"{row.samples_per_s:,.0f} samples/s"]
+def _figures(row: BenchRow, unit: str) -> str:
+    parts = [f"stall {row.stall_fraction * 100:.1f} %", f"{row.samples_per_s:,.0f} {unit}"]
     if row.p99_wait_ms is not None:
         parts.append(f"p99 wait {row.p99_wait_ms:.2f} ms")
     if row.first_batch_s is not None:
@@ -193,6 +207,7 @@ def plot(rows: Sequence[BenchRow], path: Path) -> None:
     stall_ax.axhline(STALL_OK * 100, color="grey", linewidth=0.8, linestyle=":")
     stall_ax.set(xlabel="num_workers", ylabel="stall %", title="share of the loop waiting for data",
                  xticks=workers)
-    speed_ax.set(xlabel="num_workers", ylabel="samples/s", title="throughput", xticks=workers)
+    unit = rate_unit(any(r.packing_efficiency is not None for r in rows))
+    speed_ax.set(xlabel="num_workers", ylabel=unit, title="throughput", xticks=workers)
     speed_ax.legend(fontsize="small")
     figure.savefig(path, dpi=110)

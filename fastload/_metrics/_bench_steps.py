@@ -37,9 +37,12 @@ def resolve_device(choice: str) -> torch.device:
         return torch.device("cpu")
     try:
         device = cuda_device("cuda")
-    except RuntimeError as error:
+    except RuntimeError:
         if choice == "cuda":
-            raise UsageError(f"--device cuda: {error}") from None
+            raise UsageError(
+                "--device cuda was given but CUDA is not available on this machine; pass "
+                "--device cpu (or leave --device out) to benchmark on the CPU"
+            ) from None
         return torch.device("cpu")
     assert device is not None
     return device

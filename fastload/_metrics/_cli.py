@@ -8,10 +8,12 @@ traceback; 130 interrupted (from ``fastload.cli.main``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,13 @@ from fastload._metrics._bench import (
 )
 from fastload._metrics._bench_data import BatchPlan, describe, make_plan, open_dataset
 from fastload._metrics._bench_memory import pss_available
-from fastload._metrics._bench_report import recommend, table_header, table_row, write_results
+from fastload._metrics._bench_report import (
+    rate_unit,
+    recommend,
+    table_header,
+    table_row,
+    write_results,
+)
 from fastload._metrics._bench_steps import (
     DEVICES,
     SleepStep,
@@ -79,7 +87,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("data", metavar="DATA", help=".h5/.hdf5 file, Arrow/Parquet file, or folder")
-    parser.add_argument("--workers", metavar="LIST", help="num_workers values (default 0,1,2,4)")
+    parser.add_argument(
+        "--workers", metavar="LIST", help="num_workers values (default 0,1,2,4, up to the cores)"
+    )
     parser.add_argument("--prefetch", metavar="LIST", help="prefetch_factor values (default 2,4)")
     parser.add_argument("--batch-size", metavar="N", help="rows per batch (default 64)")
     parser.add_argument(
@@ -118,7 +128,10 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return bench(args, print)
+        # Flushed line by line: in a log or a pipe the table still grows as each run ends.
+        return bench(args, lambda line: print(line, flush=True))
+    except BrokenPipeError:
+        raise  # a reader that closed stdout (`| head`): fastload.cli.main ends quietly
     except (FastloadError, OSError) as error:
         message = " ".join(str(error).split()) or type(error).__name__
         print(f"fastload bench: error: {message}", file=sys.stderr)
@@ -170,16 +183,38 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         steps = [(s.name, s) for s in (SleepStep(ms, device) for ms in options.step_ms)]
     collate = make_collate(dataset, plan)
     cores = available_cores()
+    unit = rate_unit(plan.pack_length is not None)
     say(_summary(dataset, plan, batch_size, max_tokens, device, cores))
+    if args.workers is None and not args.smoke and max(options.workers) > cores:
+        # The default list is a sweep, not a request: past the cores only torch's warning
+        # about too many workers would be measured.
+        options = dataclasses.replace(options, workers=tuple(w for w in options.workers if w <= cores))
+        say(f"workers: {','.join(map(str, options.workers))} (the default list, up to the {cores} cores)")
+    over = [w for w in options.workers if w > cores]
+    if over:
+        say(
+            f"num_workers={','.join(map(str, over))} exceeds the {cores} cores this process may "
+            "use: torch's warning that it may run slowly is silenced for those runs"
+        )
+    if plan.pack_length is not None:
+        say(f"rows/s: packed rows of {plan.pack_length:,} tokens per second, not samples")
     if cold_files is not None:
         say(f"cold: the page cache is emptied of {len(cold_files)} file(s) before each run")
     if not pss_available():
         say("memory not measured: it needs psutil (pip install psutil)")
     say("")
-    say(table_header())
+    say(table_header(unit))
     rows: list[BenchRow] = []
+    runs = len(steps) * len(configurations(options))
     for step_name, step in steps:
         for loader, workers, prefetch in configurations(options):
+            if not sys.stderr.isatty():
+                # No terminal to watch the table on (CI, nohup): say what runs now.
+                print(
+                    f"fastload bench: run {len(rows) + 1} of {runs}: {loader}, num_workers={workers}"
+                    f"{'' if prefetch is None else f', prefetch_factor={prefetch}'}, {step_name} step",
+                    file=sys.stderr, flush=True,
+                )
             if cold_files is not None:
                 # A mapped page cannot be evicted: unmap this process's files (a run without
                 # workers read through them; the next read maps again) and collect the last
@@ -189,15 +224,18 @@ def bench(args: argparse.Namespace, say: Callable[[str], None]) -> int:
                 left = evict_files(cold_files)
                 if left:
                     say(f"cold: {left / 1e6:.1f} MB of the files stayed in the page cache")
-            row = run_configuration(
-                loader, workers, prefetch, dataset=dataset, plan=plan, collate=collate,
-                step=step, step_name=step_name, device=device, cold=cold_files is not None,
-            )
+            with warnings.catch_warnings():
+                # Said once above, for every run over the cores, rather than inside the table.
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                row = run_configuration(
+                    loader, workers, prefetch, dataset=dataset, plan=plan, collate=collate,
+                    step=step, step_name=step_name, device=device, cold=cold_files is not None,
+                )
             rows.append(row)
             say(table_row(row))
         say("")
     recommendations = [
-        recommend(rows, name, cores=cores, max_workers_tried=max(options.workers))
+        recommend(rows, name, cores=cores, max_workers_tried=max(options.workers), unit=unit)
         for name, _ in steps
     ]
     say("recommendation:")

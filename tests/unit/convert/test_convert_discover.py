@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -51,20 +52,35 @@ def test_format_override_reads_files_of_any_extension_in_a_folder(tmp_path: Path
     assert discover((str(tmp_path / "src" / "README"),), "txt").files[0].format == "txt"
 
 
-def test_progress_bar_counts_bytes_per_second_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_counts_bytes_per_second_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stderr", Terminal())
     with Progress(description="converting", total_bytes=2000, enabled=True) as bar:
         bar.advance(input_bytes=1000, records=10)
-    err = capsys.readouterr().err
+    err = sys.stderr.getvalue()
     assert "converting" in err and "B/s" in err and "2.00k" in err
 
 
-def test_progress_is_silent_without_tqdm(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("terminal", [False, True])
+def test_progress_without_a_bar_is_a_plain_line_every_few_seconds(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool
 ) -> None:
-    monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` fail
-    with Progress(description="converting", total_bytes=10, enabled=True) as bar:
-        bar.advance(input_bytes=10, records=1)
-    assert capsys.readouterr().err == ""
+    """Not a terminal (a log), or a terminal without tqdm: lines, the first after the interval."""
+    monkeypatch.setattr(sys, "stderr", Terminal() if terminal else io.StringIO())
+    if terminal:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # makes `import tqdm` fail
+    with Progress(description="converting", total_bytes=2_000_000, enabled=True) as bar:
+        bar.advance(input_bytes=500_000, records=10)
+    assert sys.stderr.getvalue() == ""  # within the first LINE_EVERY_S
+    monkeypatch.setenv("_FASTLOAD_PROGRESS_EVERY_S", "0")
+    with Progress(description="converting", total_bytes=2_000_000, enabled=True) as bar:
+        bar.advance(input_bytes=500_000, records=10)
+    (line,) = sys.stderr.getvalue().splitlines()
+    assert line.startswith("converting: 0.5 MB of 2.0 MB (25 %), 10 records, ")
 
 
 @pytest.mark.parametrize(

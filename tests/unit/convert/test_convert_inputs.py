@@ -42,10 +42,10 @@ def test_txt_strips_crlf_and_a_bom_and_reads_a_last_line_without_newline(
     assert texts(tmp_path / "out.h5") == ["one", "two", "three"]
 
 
-def test_blank_lines_are_dropped_as_shorter_than_min_length(tmp_path: Path, run: Run) -> None:
+def test_blank_lines_are_dropped_as_empty_not_as_shorter_than_min_length(tmp_path: Path, run: Run) -> None:
     report = run(write_lines(tmp_path / "a.txt", ["a", "", "b", ""]))
     assert texts(tmp_path / "out.h5") == ["a", "b"]
-    assert report.stats.dropped_short == 2
+    assert (report.stats.dropped_empty, report.stats.dropped_short) == (2, 0)
     run(tmp_path / "a.txt", out="keep.h5", min_length=0)
     assert texts(tmp_path / "keep.h5") == ["a", "", "b", ""]
 

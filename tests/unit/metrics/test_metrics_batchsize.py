@@ -222,3 +222,30 @@ def test_estimate_memory_validates_its_options(options: dict[str, object], messa
     }
     with pytest.raises(ValueError, match=message):
         estimate_memory(**{**args, **options})  # type: ignore[arg-type]
+
+
+def test_a_search_stopped_by_max_batch_size_says_so_not_largest_that_fits() -> None:
+    clock = ManualClock()
+    capped = find_batch_size(*fake(clock), clock=clock, target_busy=0.99, max_batch_size=256)
+    assert capped.capped and capped.largest_fitting == 256
+    table = str(capped)
+    assert "largest batch size that fits in memory" not in table
+    assert "batch size 256 fits in memory; the search stopped at max_batch_size=256" in table
+    assert "or max_batch_size=256 is too small" in table
+    bounded = find_batch_size(*fake(clock), clock=clock, max_batch_size=10_000)
+    assert not bounded.capped
+    assert f"largest batch size that fits in memory: {bounded.largest_fitting}" in str(bounded)
+
+
+def test_each_size_tried_is_announced_on_stderr_as_it_starts_and_ends(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    clock = ManualClock()
+    report = find_batch_size(*fake(clock), clock=clock, max_batch_size=512, steps=3, warmup_steps=1)
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 2 * len(report.trials)
+    assert lines[0] == "find_batch_size: trying batch size 8 (1 + 3 steps)"
+    assert lines[1].startswith("find_batch_size: batch size 8: ") and "device busy" in lines[1]
+    assert "find_batch_size: batch size 512: out of memory" in lines
+    find_batch_size(*fake(clock), clock=clock, max_batch_size=64, progress=False)
+    assert capfd.readouterr().err == ""
