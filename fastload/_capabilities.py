@@ -9,7 +9,7 @@ a user's object by attribute name: a dataset whose own ``fields`` is a dict of l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from fastload._protocols import (
     BoundedCollate,
     CheckedMapReader,
     CountsStorage,
+    HasShards,
     MapsRagged,
     OneCallCollate,
     PrefetchesShards,
@@ -31,6 +32,7 @@ from fastload._protocols import (
     RemoteReader,
     SlotCollate,
     SpanCollate,
+    WarnsOfCacheWindow,
 )
 from fastload._types import Field
 
@@ -56,6 +58,10 @@ class DatasetCapabilities:
     #: ``check_mapped()``: whether a file it has memory-mapped has shrunk since (a one-call
     #: build reads the map without calling the dataset, so the engine asks first).
     check_mapped: bool = False
+    #: ``shard_sizes`` (samples per shard, for ``shuffle_shards``), else ``None``.
+    shard_sizes: Sequence[int] | None = None
+    #: ``cache_window_warning(shuffle_shards)``.
+    cache_window_warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,19 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
         reads_in_place=in_place,
         mapped_ragged=in_place and isinstance(dataset, MapsRagged) and callable(dataset.mapped_ragged),
         check_mapped=isinstance(dataset, CheckedMapReader) and callable(dataset.check_mapped),
+        shard_sizes=_shard_sizes(dataset),
+        cache_window_warning=isinstance(dataset, WarnsOfCacheWindow) and callable(dataset.cache_window_warning),
     )
+
+
+def _shard_sizes(dataset: Any) -> Sequence[int] | None:
+    """``dataset.shard_sizes`` where it is a sequence of sample counts, else ``None``."""
+    if not isinstance(dataset, HasShards):
+        return None
+    sizes = dataset.shard_sizes
+    if not isinstance(sizes, (Sequence, np.ndarray)) or not all(isinstance(n, (int, np.integer)) for n in sizes):
+        return None
+    return sizes
 
 
 def resolve_collate(collate: Any) -> CollateCapabilities:
