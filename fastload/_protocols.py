@@ -221,6 +221,17 @@ class WarnsOfCacheWindow(Protocol):
 
 
 @runtime_checkable
+class ShardPrefetch(Protocol):
+    """What a :class:`PrefetchesShards` dataset's ``prefetch`` returns, as the loader counts it."""
+
+    def close(self) -> None:
+        """Stop fetching ahead (downloads in flight may finish)."""
+
+    def downloaded_bytes(self) -> int:
+        """Bytes it downloaded so far (counted in ``loader.stats()``)."""
+
+
+@runtime_checkable
 class MapsRagged(Protocol):
     """A dataset of one ragged field held whole in a memory map (:class:`MappedReader`)."""
 
