@@ -20,23 +20,27 @@ longest sample with a mask, with 2 worker processes (Streaming: see below).
   shards fills a cache of 2.4 and leaves no room to fetch ahead), a fresh cache directory for
   epoch 1 (cold), the
   same loader and directory for epoch 2 (warm); and the same loader over the shards on local
-  disk, the reference for what the cache can give at best.
+  disk, the reference for what the cache can give at best. The first cache limit runs once
+  more with Streaming's worker count (0), beside the local loader at that count.
 * **torch, per sample**: torch's DataLoader over a map-style Dataset whose ``__getitem__`` opens
   the sample's shard with ``pyarrow.fs.S3FileSystem`` and reads the record batch holding it (one
   client per worker, nothing cached): a fixed number of shuffled samples, not an epoch (at the
   full size one would take half an hour).
 * **Streaming**: ``StreamingDataset(remote="s3://BUCKET/mds/", local=DIR, batch_size=,
   shuffle=True)`` with ``S3_ENDPOINT_URL`` pointing at the proxy, in torch's DataLoader with
-  ``num_workers=0`` (with 2 workers, two of them downloaded the same shard and one read it
-  half-written; see ``run_streaming``). Its ``streaming.vision`` module imports torchvision,
+  ``num_workers=0`` (with 2 workers it reads shards half-written here: see
+  :data:`STREAMING_WORKERS`); fastload is compared with it at the same count. Its ``streaming.vision`` module imports torchvision,
   which the text path never uses: the harness puts an empty module in its place before
   importing ``streaming`` (and says so in its output).
-  Not installed (the test suite's run), its rows are skipped with the reason printed.
+  Not installed (the test suite's run), its rows are skipped with the reason printed; install
+  it with :data:`STREAMING_INSTALL` (its own pins would replace this venv's torch and numpy).
 
 Measured per configuration: samples/s of an epoch consumed as fast as it comes (wall time from
 ``iter()`` to the end, first batch included); the stall at a 10 ms step (a ``time.sleep`` per
 batch; the caller's clock around each ``next()``: wait / (wait + step) after the first batch);
-time to the first batch; MB and GETs the proxy served. ``--size smoke`` (default) checks what
+time to the first batch; MB and GETs the proxy served. ``--size full`` measures two corpora:
+``small`` (issue 31's: 20,000 short samples in 16 shards, batch 32, length-grouped across all
+shards) and ``full`` (36,000 longer ones in 24 shards, shard windows). ``--size smoke`` (default) checks what
 can fail in seconds: the remote loader yields exactly the local loader's batches, epoch 1
 fetches each shard once, and epoch 2 with a full cache sends no request at all.
 """
@@ -73,7 +77,16 @@ from fastload.cli import main as fastload_main
 # suite's default timeout.
 pytestmark = pytest.mark.timeout(3600)
 
+#: How to install Streaming beside this venv's torch and numpy: its own pins would replace them
+#: (a CUDA torch, numpy < 2.2, torchvision), so it comes without its dependencies, and the extra
+#: brings the ones its text path imports.
+STREAMING_INSTALL = "pip install -e '.[bench-remote]' && pip install --no-deps mosaicml-streaming==0.13.0"
 LATENCY_S = 0.02
+#: Streaming's worker count, and fastload's in the rows compared with it at the same count: with
+#: torch's 2 workers Streaming 0.13.0 reads shards half-written from this S3 server
+#: (``IndexError: Relative sample index ... is not present``, or an overflow in its offsets), in
+#: one process its own threads download ahead of the reads and every sample comes right.
+STREAMING_WORKERS = 0
 STEP_S = 0.010
 WORKERS = 2
 BUCKET = "bench"
@@ -88,7 +101,7 @@ class Size:
     max_length: int
     batch_size: int
     # (cache limit as a share of the shards' bytes, shuffle_shards); the first is the baseline
-    limits: tuple[tuple[float, int], ...]
+    limits: tuple[tuple[float, int], ...]  # shuffle_shards 0: length-grouped across all shards
     shuffle_shards: int  # of the correctness check and the local reference
     rounds: int  # epoch-1/epoch-2 pairs without a step, per cache limit (median)
     torch_samples: int
@@ -97,7 +110,10 @@ class Size:
 
 SIZES = {
     "smoke": Size(4, 300, 64, 256, 32, ((1.0, 2),), 2, 1, 16, False),
-    # 10 % is 2.4 shards: with K = 2 the group being read fills it, K = 1 leaves room ahead.
+    # Issue 31's small corpus: 20,000 short samples in 16 shards (4.3 MB), batch 32, every batch
+    # length-grouped across all shards (so it reads from most of them).
+    "small": Size(16, 1250, 40, 512, 32, ((1.0, 0),), 0, 3, 64, False),
+    # The large corpus. 10 % is 2.4 shards: with K = 2 the group being read fills it, K = 1 leaves room ahead.
     "full": Size(24, 1500, 512, 4096, 64, ((1.0, 2), (0.25, 2), (0.10, 2), (0.10, 1)), 2, 3, 256, True),
 }
 
@@ -160,8 +176,18 @@ def server() -> Iterator[Server]:
         moto.stop()
 
 
+#: The corpora each ``--size`` runs: the full run measures the small corpus and the large one.
+CORPORA = {"smoke": ["smoke"], "full": ["small", "full"]}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "corpus_name" in metafunc.fixturenames:
+        metafunc.parametrize("corpus_name", CORPORA[str(metafunc.config.getoption("--size"))], scope="module")
+
+
 @dataclass
 class Corpus:
+    name: str
     folder: Path  # the Arrow shards and their index, on local disk
     samples: list[np.ndarray]
     shard_bytes: int  # the shards' bytes, index excluded
@@ -197,7 +223,7 @@ def write_arrow_shards(samples: list[np.ndarray], size: Size, folder: Path) -> N
 def streaming_module() -> tuple[Any, str | None]:
     """``streaming`` (with the empty ``streaming.vision`` stand-in), or None and why not."""
     if importlib.util.find_spec("streaming") is None:
-        return None, "mosaicml-streaming is not installed (pip install mosaicml-streaming==0.13.0 --no-deps)"
+        return None, f"mosaicml-streaming is not installed ({STREAMING_INSTALL})"
     # streaming/__init__ imports streaming.vision, which imports torchvision; text never uses it.
     sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
     try:
@@ -216,19 +242,19 @@ def write_mds(streaming: Any, samples: list[np.ndarray], shard_bytes: int, folde
 
 
 @pytest.fixture(scope="module")
-def corpus(server: Server, bench_size: str, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
-    size = SIZES[bench_size]
+def corpus(server: Server, corpus_name: str, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    size = SIZES[corpus_name]
     root = tmp_path_factory.mktemp("remote-corpus")
     samples = make_samples(size)
     write_arrow_shards(samples, size, root / "arrow")
     shard_bytes = sum(p.stat().st_size for p in (root / "arrow").glob("*.arrow"))
-    url = server.upload(root / "arrow", "arrow")
+    url = server.upload(root / "arrow", f"{corpus_name}/arrow")
     streaming, _ = streaming_module()
     mds_url = None
     if streaming is not None:
         write_mds(streaming, samples, shard_bytes // size.shards, root / "mds")
-        mds_url = server.upload(root / "mds", "mds")
-    return Corpus(root / "arrow", samples, shard_bytes, url, mds_url)
+        mds_url = server.upload(root / "mds", f"{corpus_name}/mds")
+    return Corpus(corpus_name, root / "arrow", samples, shard_bytes, url, mds_url)
 
 
 # -- measuring one epoch --------------------------------------------------------------------------
@@ -296,7 +322,7 @@ def pad_collate(samples: list[torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def fastload_loader(
-    corpus: Corpus, server: Server, size: Size, cache: Path, limit: float, shuffle_shards: int
+    corpus: Corpus, server: Server, size: Size, cache: Path, limit: float, shuffle_shards: int, workers: int = WORKERS
 ) -> fastload.DataLoader:
     dataset = fastload.ArrowDataset(
         corpus.url,
@@ -309,8 +335,8 @@ def fastload_loader(
         # table measures what that costs.
         warnings.filterwarnings("ignore", message="shuffle_shards=.* with cache_limit")
         return fastload.DataLoader(
-            dataset, batch_size=size.batch_size, length_grouped=True, shuffle_shards=shuffle_shards,
-            num_workers=WORKERS, seed=0,
+            dataset, batch_size=size.batch_size, length_grouped=True, shuffle_shards=shuffle_shards or None,
+            num_workers=workers, seed=0,
         )  # fmt: skip
 
 
@@ -318,17 +344,17 @@ def local_loader(corpus: Corpus, size: Size, workers: int = WORKERS) -> fastload
     """The same loader over the same shards on local disk: what the cache can at best give."""
     return fastload.DataLoader(
         fastload.ArrowDataset(sorted(corpus.folder.glob("*.arrow"))), batch_size=size.batch_size,
-        length_grouped=True, shuffle_shards=size.shuffle_shards, num_workers=workers, seed=0,
+        length_grouped=True, shuffle_shards=size.shuffle_shards or None, num_workers=workers, seed=0,
     )  # fmt: skip
 
 
-def run_local(corpus: Corpus, size: Size, step_s: float) -> list[Epoch]:
-    loader = local_loader(corpus, size)
+def run_local(corpus: Corpus, size: Size, step_s: float, workers: int = WORKERS) -> list[Epoch]:
+    loader = local_loader(corpus, size, workers)
     return [consume(loader, step_s) for _ in range(2)]
 
 
 def run_fastload(
-    corpus: Corpus, server: Server, size: Size, cache: Path, config: tuple[float, int], step_s: float
+    corpus: Corpus, server: Server, size: Size, cache: Path, config: tuple[float, int, int], step_s: float
 ) -> list[Epoch]:
     """Epoch 1 on an empty cache, epoch 2 on the same loader and cache."""
     shutil.rmtree(cache, ignore_errors=True)
@@ -354,7 +380,7 @@ class PerSampleS3(torch.utils.data.Dataset):  # type: ignore[type-arg]
     reads the record batch that holds it (one pyarrow client per worker process)."""
 
     def __init__(self, corpus: Corpus, server: Server, size: Size) -> None:
-        self._paths = [f"{BUCKET}/arrow/part-{s:05d}.arrow" for s in range(size.shards)]
+        self._paths = [f"{BUCKET}/{corpus.name}/arrow/part-{s:05d}.arrow" for s in range(size.shards)]
         self._per_shard = size.samples_per_shard
         self._endpoint = server.endpoint
         self._keys = server.credentials
@@ -401,11 +427,10 @@ def run_streaming(streaming: Any, corpus: Corpus, size: Size, server: Server, lo
     dataset = streaming.StreamingDataset(
         remote=corpus.mds_url, local=str(local), batch_size=size.batch_size, shuffle=True, shuffle_seed=0
     )
-    # num_workers=0: with torch's 2 workers, two processes downloaded the same shard and one read
-    # it half-written (IndexError / ValueError in decode; a shard GET twice in the proxy's log),
-    # though they read the same files right with a local folder as ``remote``;
-    # in one process Streaming's own threads download ahead of the reads and the reads are right.
-    loader = torch.utils.data.DataLoader(dataset, batch_size=size.batch_size, num_workers=0, collate_fn=_streaming_collate)
+    # STREAMING_WORKERS: with 2 of torch's workers it reads shards half-written here.
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=size.batch_size, num_workers=STREAMING_WORKERS, collate_fn=_streaming_collate
+    )
     epochs: list[Epoch] = []
     for _ in range(2):
         mark = len(server.proxy.requests())
@@ -419,11 +444,11 @@ def run_streaming(streaming: Any, corpus: Corpus, size: Size, server: Server, lo
 
 
 def test_remote_batches_equal_local_and_a_full_cache_downloads_nothing_in_epoch_2(
-    server: Server, corpus: Corpus, bench_size: str, tmp_path: Path
+    server: Server, corpus: Corpus, corpus_name: str, tmp_path: Path
 ) -> None:
     """Correctness of what the table times: both epochs give exactly the batches of the same
     loader over the shards on local disk; epoch 2 with a full cache sends no GET."""
-    size = SIZES[bench_size]
+    size = SIZES[corpus_name]
     remote = fastload_loader(corpus, server, size, tmp_path / "cache", 1.0, size.shuffle_shards)
     local = local_loader(corpus, size, workers=0)
     for epoch in range(2):
@@ -436,7 +461,7 @@ def test_remote_batches_equal_local_and_a_full_cache_downloads_nothing_in_epoch_
         gets = [r for r in served if r.method == "GET" and r.path.endswith(".arrow")]
         if epoch == 0:
             assert sorted(r.path for r in gets if (r.range or "bytes=0-").startswith("bytes=0-")) == sorted(
-                f"/{BUCKET}/arrow/part-{s:05d}.arrow" for s in range(size.shards)
+                f"/{BUCKET}/{corpus_name}/arrow/part-{s:05d}.arrow" for s in range(size.shards)
             )  # each shard downloaded once
         else:
             assert served == []  # no GET, and no HEAD or listing either
@@ -447,9 +472,10 @@ def _progress(what: str, epochs: list[Epoch]) -> None:
     print(f"  {what}: " + ", ".join(f"{e.samples_per_s:,.0f} samples/s in {e.seconds:.1f} s" for e in epochs), flush=True)
 
 
-def _row(loader: str, limit: str, epoch: int, runs: list[Epoch], stepped: Epoch | None) -> dict[str, Any]:
+def _row(loader: str, limit: str, epoch: int, runs: list[Epoch], stepped: Epoch | None, workers: int) -> dict[str, Any]:
     return {
         "loader": loader,
+        "workers": workers,
         "cache_limit": limit,
         "epoch": epoch,
         "samples": runs[0].samples,
@@ -464,70 +490,84 @@ def _row(loader: str, limit: str, epoch: int, runs: list[Epoch], stepped: Epoch 
     }
 
 
-def _median_of(rows: list[dict[str, Any]], loader: str, limit: str, epoch: int) -> float | None:
-    found = [r["samples_per_s"] for r in rows if (r["loader"], r["cache_limit"], r["epoch"]) == (loader, limit, epoch)]
+def _median_of(rows: list[dict[str, Any]], loader: str, limit: str, epoch: int, workers: int) -> float | None:
+    key = (loader, limit, epoch, workers)
+    found = [r["samples_per_s"] for r in rows if (r["loader"], r["cache_limit"], r["epoch"], r["workers"]) == key]
     return found[0] if found else None
 
 
-def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path: Path) -> None:
-    size = SIZES[bench_size]
+def test_remote_table(server: Server, corpus: Corpus, corpus_name: str, tmp_path: Path) -> None:
+    size = SIZES[corpus_name]
     streaming, why_not = streaming_module()
     if streaming is not None and corpus.mds_url is None:
         streaming, why_not = None, "streaming imported after the corpus was written"
     token_sum, total = corpus.token_sum, size.shards * size.samples_per_shard
+    # (cache limit share, shuffle_shards, workers): every limit at WORKERS, and the first at
+    # Streaming's worker count too.
+    configs = [(limit, shuffle, WORKERS) for limit, shuffle in size.limits]
+    configs.append((*size.limits[0], STREAMING_WORKERS))
     label = {
         c: f"{c[0] * 100:.0f} %" + ("" if c[1] == size.limits[0][1] else f", shuffle_shards={c[1]}")
-        for c in size.limits
+        for c in configs
     }
+    counts = (WORKERS, STREAMING_WORKERS)
 
-    fast: dict[tuple[float, int], list[list[Epoch]]] = {c: [] for c in size.limits}
+    fast: dict[tuple[float, int, int], list[list[Epoch]]] = {c: [] for c in configs}
     ours: list[list[Epoch]] = []
-    near: list[list[Epoch]] = []
+    near: dict[int, list[list[Epoch]]] = {w: [] for w in counts}
     for _ in range(size.rounds):  # interleaved: each round runs every configuration once
-        near.append(run_local(corpus, size, 0.0))
-        _progress("fastload, local disk", near[-1])
-        for limit in size.limits:
-            fast[limit].append(run_fastload(corpus, server, size, tmp_path / "cache", limit, 0.0))
-            _progress(f"fastload {label[limit]}", fast[limit][-1])
+        for w in counts:
+            near[w].append(run_local(corpus, size, 0.0, w))
+            _progress(f"fastload, local disk, {w} workers", near[w][-1])
+        for config in configs:
+            fast[config].append(run_fastload(corpus, server, size, tmp_path / "cache", config, 0.0))
+            _progress(f"fastload {label[config]}, {config[2]} workers", fast[config][-1])
         if streaming is not None:
             ours.append(run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", 0.0))
             _progress("Streaming", ours[-1])
-    near_stepped = run_local(corpus, size, STEP_S)
-    fast_stepped = {limit: run_fastload(corpus, server, size, tmp_path / "cache", limit, STEP_S) for limit in size.limits}
+    near_stepped = {w: run_local(corpus, size, STEP_S, w) for w in counts}
+    fast_stepped = {c: run_fastload(corpus, server, size, tmp_path / "cache", c, STEP_S) for c in configs}
     ours_stepped = run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", STEP_S) if streaming else None
     torch_runs = [run_torch(corpus, server, size, 0.0)]
     torch_stepped = run_torch(corpus, server, size, STEP_S) if size.torch_stall else None
 
     # Every epoch timed read every sample exactly once (by count and by the sum of its tokens).
-    for epochs in [*(e for runs in fast.values() for e in runs), *fast_stepped.values(), *ours, *near, near_stepped]:
+    timed = [*(e for runs in fast.values() for e in runs), *fast_stepped.values(), *ours]
+    timed += [*(e for runs in near.values() for e in runs), *near_stepped.values()]
+    for epochs in timed:
         for epoch in epochs:
             assert (epoch.samples, epoch.token_sum) == (total, token_sum)
     if ours_stepped is not None:
         assert all((e.samples, e.token_sum) == (total, token_sum) for e in ours_stepped)
     # Epoch 2 with a full cache downloads nothing: no GET at all.
-    for config in (c for c in size.limits if c[0] >= 1):
+    for config in (c for c in configs if c[0] >= 1):
         for epochs in [*fast[config], fast_stepped[config]]:
             assert (epochs[1].gets, epochs[1].mb) == (0, 0.0)
 
+    local_name = "fastload, shards on local disk (reference)"
     rows: list[dict[str, Any]] = []
-    for e in range(2):
-        rows.append(_row("fastload, shards on local disk (reference)", "-", e + 1, [r[e] for r in near], near_stepped[e]))
-    for limit in size.limits:
+    for w in counts:
         for e in range(2):
-            rows.append(_row("fastload", label[limit], e + 1, [r[e] for r in fast[limit]], fast_stepped[limit][e]))
+            rows.append(_row(local_name, "-", e + 1, [r[e] for r in near[w]], near_stepped[w][e], w))
+    for config in configs:
+        for e in range(2):
+            rows.append(_row("fastload", label[config], e + 1, [r[e] for r in fast[config]], fast_stepped[config][e], config[2]))
     if streaming is not None and ours_stepped is not None:
         for e in range(2):
-            rows.append(_row("Streaming, 1 process", "none", e + 1, [r[e] for r in ours], ours_stepped[e]))
-    rows.append(_row("torch, per sample", "-", 1, torch_runs, torch_stepped))
-    reference = _median_of(rows, "Streaming, 1 process", "none", 1)
+            rows.append(_row("Streaming", "none", e + 1, [r[e] for r in ours], ours_stepped[e], STREAMING_WORKERS))
+    rows.append(_row("torch, per sample", "-", 1, torch_runs, torch_stepped, WORKERS))
     for row in rows:
-        full = _median_of(rows, "fastload", "100 %", row["epoch"]) if row["loader"] == "fastload" else None
-        row["vs_streaming_1"] = None if reference is None else row["samples_per_s"] / reference
+        at = (row["epoch"], row["workers"])
+        reference = _median_of(rows, "Streaming", "none", *at)
+        local = _median_of(rows, local_name, "-", *at)
+        full = _median_of(rows, "fastload", label[configs[0]], *at) if row["loader"] == "fastload" else None
+        row["vs_streaming"] = None if reference is None else row["samples_per_s"] / reference
+        row["vs_local"] = None if local is None or row["loader"] != "fastload" else row["samples_per_s"] / local
         row["vs_fastload_100"] = None if full is None else row["samples_per_s"] / full
 
-    print(f"\nbench_remote ({bench_size}): {total:,} samples, {size.shards} Arrow shards, {corpus.shard_bytes / 1e6:.1f} MB;"
-          f" batch {size.batch_size}, {WORKERS} workers, {LATENCY_S * 1e3:.0f} ms per request at the proxy;"
-          f" fastload shuffle_shards={size.limits[0][1]} unless said; medians of {size.rounds} round(s) without a step")
+    print(f"\nbench_remote ({corpus_name}): {total:,} samples, {size.shards} Arrow shards, {corpus.shard_bytes / 1e6:.1f} MB;"
+          f" batch {size.batch_size}, {LATENCY_S * 1e3:.0f} ms per request at the proxy;"
+          f" fastload shuffle_shards={size.limits[0][1] or None} unless said; medians of {size.rounds} round(s) without a step")
     if streaming is None:
         print(f"Streaming: skipped: {why_not}")
     else:
@@ -535,7 +575,7 @@ def test_remote_table(server: Server, corpus: Corpus, bench_size: str, tmp_path:
     print(table(rows))
     results = Path(__file__).resolve().parent / "results"
     results.mkdir(exist_ok=True)
-    (results / "bench_remote.json").write_text(json.dumps({"size": asdict(size), "rows": rows}, indent=1))
+    (results / f"bench_remote_{corpus_name}.json").write_text(json.dumps({"size": asdict(size), "rows": rows}, indent=1))
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -544,14 +584,14 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| loader | cache limit | epoch | samples/s | vs Streaming ep. 1 | vs fastload 100 % | stall @ 10 ms"
-        " | first batch | MB downloaded | GETs (of shards) | samples |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| loader | workers | cache limit | epoch | samples/s | vs Streaming | vs local disk | vs fastload 100 %"
+        " | stall @ 10 ms | first batch | MB downloaded | GETs (of shards) | samples |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['loader']} | {r['cache_limit']} | {r['epoch']} | {r['samples_per_s']:,.0f}"
-            f" | {_fmt(r['vs_streaming_1'], '.2f')}× | {_fmt(r['vs_fastload_100'], '.2f')}×"
+            f"| {r['loader']} | {r['workers']} | {r['cache_limit']} | {r['epoch']} | {r['samples_per_s']:,.0f}"
+            f" | {_fmt(r['vs_streaming'], '.2f')}× | {_fmt(r['vs_local'], '.2f')}× | {_fmt(r['vs_fastload_100'], '.2f')}×"
             f" | {_fmt(None if r['stall'] is None else r['stall'] * 100, '.2f')} %"
             f" | {r['first_batch_s']:.2f} s | {r['mb']:,.1f} | {r['gets']:,} ({r['shard_gets']:,}) | {r['samples']:,} |"
         )

@@ -9,7 +9,7 @@ a user's object by attribute name: a dataset whose own ``fields`` is a dict of l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from fastload._protocols import (
     FinishingCollate,
     FollowsLoaderEpoch,
     GetsItems,
+    HasShards,
     KeepsEpoch,
     MapsRagged,
     OneCallCollate,
@@ -40,6 +41,7 @@ from fastload._protocols import (
     SaysTokenBudget,
     SlotCollate,
     SpanCollate,
+    WarnsOfCacheWindow,
 )
 from fastload._types import Field
 
@@ -67,6 +69,10 @@ class DatasetCapabilities:
     check_mapped: bool = False
     #: A ``__getitems__`` that can be called: torch's per-sample path reads a batch with it.
     getitems: bool = False
+    #: ``shard_sizes`` (samples per shard, for ``shuffle_shards``), else ``None``.
+    shard_sizes: Sequence[int] | None = None
+    #: ``cache_window_warning(shuffle_shards)``.
+    cache_window_warning: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,19 @@ def resolve_dataset(dataset: Any) -> DatasetCapabilities:
         mapped_ragged=in_place and isinstance(dataset, MapsRagged) and callable(dataset.mapped_ragged),
         check_mapped=isinstance(dataset, CheckedMapReader) and callable(dataset.check_mapped),
         getitems=isinstance(dataset, GetsItems) and callable(dataset.__getitems__),
+        shard_sizes=_shard_sizes(dataset),
+        cache_window_warning=isinstance(dataset, WarnsOfCacheWindow) and callable(dataset.cache_window_warning),
     )
+
+
+def _shard_sizes(dataset: Any) -> Sequence[int] | None:
+    """``dataset.shard_sizes`` where it is a sequence of sample counts, else ``None``."""
+    if not isinstance(dataset, HasShards):
+        return None
+    sizes = dataset.shard_sizes
+    if not isinstance(sizes, (Sequence, np.ndarray)) or not all(isinstance(n, (int, np.integer)) for n in sizes):
+        return None
+    return sizes
 
 
 def resolve_collate(collate: Any) -> CollateCapabilities:

@@ -760,14 +760,14 @@ def _shard_window(dataset: Any, options: LoaderOptions) -> dict[str, Any]:
     """The sampler options of ``shuffle_shards=K``: K and the dataset's shards."""
     if options.shuffle_shards is None:
         return {}
-    sizes = getattr(dataset, "shard_sizes", None)
+    own = resolve_dataset(dataset)  # declared capabilities (fastload._protocols)
+    sizes = own.shard_sizes
     if sizes is None:
         raise ValueError(
             f"shuffle_shards= needs the dataset's shards (`shard_sizes`, samples per shard); "
             f"{type(dataset).__name__} has none"
         )
-    check = getattr(dataset, "cache_window_warning", None)
-    message = check(options.shuffle_shards) if check is not None else None
+    message = dataset.cache_window_warning(options.shuffle_shards) if own.cache_window_warning else None
     if message is not None:
         warnings.warn(message, stacklevel=4)
     return {"shuffle_shards": options.shuffle_shards, "shard_sizes": sizes}

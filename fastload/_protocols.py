@@ -53,7 +53,7 @@ Collate capabilities
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -201,6 +201,34 @@ class PrefetchesShards(Protocol):
         """Start bringing the shards of ``batches`` (the plan from the next batch on; the
         consumer's progress is ``consumed()``) to the cache; a prefetcher with ``close()``, or
         ``None``."""
+
+
+@runtime_checkable
+class HasShards(Protocol):
+    """A dataset stored as shards, for ``shuffle_shards=K`` (windows of K shards)."""
+
+    #: Samples per shard, in the order the dataset numbers its samples.
+    shard_sizes: Sequence[int]
+
+
+@runtime_checkable
+class WarnsOfCacheWindow(Protocol):
+    """A dataset read through a bounded cache, which can say when a shard window will not fit."""
+
+    def cache_window_warning(self, shuffle_shards: int) -> str | None:
+        """Why a window of ``shuffle_shards`` shards leaves the cache no room to fetch ahead, or
+        ``None``."""
+
+
+@runtime_checkable
+class ShardPrefetch(Protocol):
+    """What a :class:`PrefetchesShards` dataset's ``prefetch`` returns, as the loader counts it."""
+
+    def close(self) -> None:
+        """Stop fetching ahead (downloads in flight may finish)."""
+
+    def downloaded_bytes(self) -> int:
+        """Bytes it downloaded so far (counted in ``loader.stats()``)."""
 
 
 @runtime_checkable

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from fastload._capabilities import DatasetCapabilities, resolve_dataset
 from fastload._metrics import StallMeter
+from fastload._protocols import ShardPrefetch
 from fastload._types import StorageCounts
 
 #: Shard downloads the prefetcher runs at once unless ``download_concurrency=`` says otherwise.
@@ -90,8 +93,11 @@ class ShardTraffic:
 
 
 def _prefetched(prefetcher: Any) -> int:
-    stats = getattr(prefetcher, "stats", None)
-    return int(getattr(stats, "downloaded_bytes", 0))
+    """The bytes ``prefetcher`` downloaded, where it declares them (``ShardPrefetch``)."""
+    if not isinstance(prefetcher, ShardPrefetch):
+        return 0
+    count = prefetcher.downloaded_bytes()
+    return int(count) if isinstance(count, (int, np.integer)) else 0
 
 
 __all__ = ["DOWNLOAD_CONCURRENCY", "ShardTraffic"]

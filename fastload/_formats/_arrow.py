@@ -245,10 +245,15 @@ class ArrowDataset(ShardedDataset):
                 copy, segments = _read_through_copy(local, segments, specs, self._copies)
                 read_path = str(copy)
             first = int(self._shard_starts[shard])
-            check_nulls(segments, specs, self._null_fill, first, shown)
+            checked = self._checked_in_cache(shard)
+            if not checked:
+                check_nulls(segments, specs, self._null_fill, first, shown)
         finally:
             segments.close()
-        return ArrowShard(read_path, shard, int(self._shard_starts[shard]), specs, self._null_fill, cache, shown)
+        return ArrowShard(read_path, shard, first, specs, self._null_fill, cache, shown, checked=checked)
+
+    def _opening_options(self) -> object:
+        return (self._null_fill, self._requested)
 
 
 def _read_through_copy(

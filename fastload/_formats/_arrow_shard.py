@@ -30,7 +30,9 @@ class ArrowShard:
     """One Arrow/Parquet file opened in the current process: numeric fields of a memory-mapped
     file through :class:`MappedColumn`, every other field by Arrow's ``take`` on each record
     batch (or row group) the rows fall in, decoded segments going through ``cache``. Messages
-    name the file ``shown`` (default ``path``)."""
+    name the file ``shown`` (default ``path``). ``checked``: the mapped record batches passed
+    their checks before (a remote shard checked when it entered the cache), so they are not
+    checked again."""
 
     def __init__(
         self,
@@ -41,6 +43,8 @@ class ArrowShard:
         null_fill: NullFill | None,
         cache: BlockCache[Any],
         shown: str | None = None,
+        *,
+        checked: bool = False,
     ) -> None:
         self._path = path if shown is None else shown
         self._shard = shard
@@ -69,8 +73,9 @@ class ArrowShard:
                 return views[dtype]
 
             batches = self._segments.kept()
-            for s, batch in enumerate(batches):
-                self._check(s, batch)
+            if not checked:
+                for s, batch in enumerate(batches):
+                    self._check(s, batch)
             for name, spec in fields.items():
                 arrays = [field_array(b, spec.path) for b in batches]
                 mapped = build_mapped(spec, arrays, self._starts, file, view_of)

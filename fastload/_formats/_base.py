@@ -327,12 +327,10 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
                 reader = process.readers[shard]
                 if reader is None:
                     if self._remote is not None:
-                        self._make_room_to_open(process)
-                    reader = self._open_shard(shard, process.cache)
-                    self._check_indexed_lengths(shard, reader)
+                        reader = self._open_pinned(shard, process)
+                    else:
+                        reader = self._open_shard(shard, process.cache)
                     process.readers[shard] = reader
-        if self._remote is not None and shard in process.local:
-            process.local.move_to_end(shard, last=True)
         return reader
 
     def _read(

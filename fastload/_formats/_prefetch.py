@@ -246,6 +246,10 @@ class ShardPrefetcher:
                 self._done.add(shard)
             self._wake.set()
 
+    def downloaded_bytes(self) -> int:
+        """Bytes this prefetcher downloaded so far (``fastload._protocols.ShardPrefetch``)."""
+        return self.stats.downloaded_bytes
+
     def close(self, join_s: float = 5.0) -> None:
         """Stop walking; let downloads in flight finish (a shard is never left half-written:
         the cache publishes only whole, verified files) for up to ``join_s``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -94,15 +95,16 @@ _OFFERS: dict[tuple[type, type], bool] = {}
 
 class ProcessState:
     """The shard readers opened by one process, opened on first use, and the cache of decoded
-    blocks they share. For a remote dataset, also where its open shards lie in the local cache,
-    in the order they were last read."""
+    blocks they share. For a remote dataset, also the pin in the shard cache that each open
+    shard holds for as long as its reader is open (see ``_remote_reads``), least recently read
+    first."""
 
     def __init__(self, num_shards: int, cache_bytes: int) -> None:
         self.pid = os.getpid()
         self.readers: list[ShardReader | None] = [None] * num_shards
         self.cache: BlockCache[Any] = BlockCache(cache_bytes)
         self.lock = threading.Lock()
-        self.local: OrderedDict[int, str] = OrderedDict()
+        self.pins: OrderedDict[int, AbstractContextManager[Any]] = OrderedDict()
         self.hints = AdviseFiles()
 
     def close_shard(self, shard: int) -> None:
@@ -110,7 +112,9 @@ class ProcessState:
         if reader is not None:
             reader.close()
             self.readers[shard] = None
-        self.local.pop(shard, None)
+        pin = self.pins.pop(shard, None)
+        if pin is not None:  # after the close: a pinned file is never evicted while mapped
+            pin.__exit__(None, None, None)
 
     def close(self) -> None:
         for i in range(len(self.readers)):

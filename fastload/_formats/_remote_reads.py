@@ -1,14 +1,14 @@
 """What a reader does differently when its shards live on object storage: each process opens
 the shards from the local shard cache (:class:`~fastload._formats._remote_source.RemoteSource`
-downloads one on first use, unless the prefetcher got there first), keeps at most
-:data:`MAX_OPEN_REMOTE_SHARDS` open, and pins a shard in the cache while a read of it runs, so
-that eviction passes it by. A mixin of :class:`~fastload._formats._base.ShardedDataset`; local
+downloads one on first use, unless the prefetcher got there first), keeps a shard open, and
+pinned in the cache, while it reads it, and checks a shard once when it enters the cache (see
+NOTE [open while pinned]). A mixin of :class:`~fastload._formats._base.ShardedDataset`; local
 datasets (``_remote is None``) never reach these paths.
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +19,12 @@ from fastload._formats._prefetch import ShardPrefetcher
 from fastload._formats._remote_source import RemoteSource, check_lengths_as_indexed
 from fastload._types import Column, StorageCounts
 
-#: Remote shards one process keeps open at most: the least recently read is closed first.
-MAX_OPEN_REMOTE_SHARDS = 8
+#: Remote shards one process keeps open (and pinned) at most: the least recently read is
+#: closed first. Each holds three descriptors (the map, its size watch, the pin).
+MAX_OPEN_REMOTE_SHARDS = 64
+#: In a bounded cache, the shards one process keeps open take at most this share of the limit
+#: (the rest is for the shards fetched ahead of the reads: see NOTE [open while pinned]).
+PINNED_SHARE = 0.5
 
 
 class RemoteShards:
@@ -30,11 +34,16 @@ class RemoteShards:
     _remote: RemoteSource | None
     _process: Any  # the reader's per-process state (``_process.ProcessState``)
     _length_field: str | None
+    _fields: dict[str, Any]
     _shard_starts: npt.NDArray[np.int64]
 
     if TYPE_CHECKING:
 
         def _shard(self, shard: int) -> Any: ...
+
+        def _open_shard(self, shard: int, cache: Any) -> Any: ...
+
+        def _process_state(self) -> Any: ...
 
     @property
     def remote(self) -> bool:
@@ -96,52 +105,96 @@ class RemoteShards:
         if self._remote is None or field is None:
             return
         first = int(self._shard_starts[shard])
-        try:
-            check_lengths_as_indexed(self._remote.urls[shard], first, reader.lengths(field), self)
-        except BaseException:
-            reader.close()  # never stored: nothing else would close it
-            raise
+        check_lengths_as_indexed(self._remote.urls[shard], first, reader.lengths(field), self)
 
-    def _make_room_to_open(self, process: Any) -> None:
-        """Close the least recently read remote shards past :data:`MAX_OPEN_REMOTE_SHARDS`."""
-        while len(process.local) >= MAX_OPEN_REMOTE_SHARDS:
-            process.close_shard(next(iter(process.local)))
+    def _opening_options(self) -> object:
+        """What else than the fields decides how a shard is checked when opened (a subclass's
+        options): part of what a check recorded in the cache is valid for."""
+        return None
 
-    def _remote_local_path(self, shard: int) -> str:
-        """A remote shard on the local disk (called by a subclass's ``_open_shard``, under the
-        process lock)."""
-        assert self._remote is not None and self._process is not None
-        path = str(self._remote.local_path(shard, counted=False))  # the pin counted it
-        self._process.local[shard] = path
-        return path
+    def _checks(self) -> str:
+        """What a shard opened by this dataset is checked for, as recorded in the cache: a
+        shard checked once for the same fields and options is not checked again."""
+        what = repr((type(self).__name__, sorted(self._fields.items()), self._length_field, self._opening_options()))
+        return hashlib.sha256(what.encode()).hexdigest()[:32]
 
-    def _read_remote(self, shard: int, read: Callable[[Any], Column]) -> Column:
-        """``read`` of a remote shard, pinned in the cache while it runs, so that eviction
-        passes it by. A shard evicted since this process opened it is opened again (fetched
-        again); and the other shards this process has open that were evicted are closed, so
-        that their disk space is freed (an unlinked file's blocks stay while it is mapped)."""
+    def _checked_in_cache(self, shard: int) -> bool:
+        """Whether shard ``shard``, pinned, was checked when it entered the cache for what
+        this dataset reads (see NOTE [open while pinned])."""
         assert self._remote is not None
+        return self._remote.checked(shard, self._checks())
+
+    def _open_pinned(self, shard: int, process: Any) -> Any:
+        """Open remote shard ``shard`` (under the process lock): in the cache (fetched if it is
+        not), pinned there for as long as the reader stays open, checked unless the cache
+        records that it was. See NOTE [open while pinned]."""
+        remote = self._remote
+        assert remote is not None
+        sizes = [entry.bytes for entry in remote.index.shards]
+        room = None if remote.cache_limit is None else int(remote.cache_limit * PINNED_SHARE)
+        while process.pins and (
+            len(process.pins) >= MAX_OPEN_REMOTE_SHARDS
+            or (room is not None and sum(sizes[s] for s in process.pins) + sizes[shard] > room)
+        ):
+            process.close_shard(next(iter(process.pins)))
         for attempt in range(3):
+            remote.local_path(shard)  # this read's lookup: a hit, or a miss that fetches it
+            pin = remote.cache().pin(remote.key(shard))
             try:
-                with self._remote.pin(shard):
-                    column = read(self._shard(shard))
+                pin.__enter__()
                 break
-            except FileNotFoundError:
+            except FileNotFoundError:  # evicted in between: fetch it again
                 if attempt == 2:
                     raise
-                self._close_remote(shard)  # evicted: open (and fetch) it again
-        process = self._process
-        assert process is not None
-        for other, path in list(process.local.items()):
-            if other != shard and not os.path.exists(path):
-                self._close_remote(other)
-        return column
+        try:
+            checked = self._checked_in_cache(shard)
+            reader = self._open_shard(shard, process.cache)
+            try:
+                if not checked:
+                    self._check_indexed_lengths(shard, reader)
+                    remote.mark_checked(shard, self._checks())
+            except BaseException:
+                reader.close()  # never stored: nothing else would close it
+                raise
+        except BaseException:
+            pin.__exit__(None, None, None)
+            raise
+        process.pins[shard] = pin
+        return reader
 
-    def _close_remote(self, shard: int) -> None:
-        process = self._process
-        if process is not None:
-            with process.lock:
-                process.close_shard(shard)
+    def _remote_local_path(self, shard: int) -> str:
+        """A remote shard on the local disk, pinned (called by a subclass's ``_open_shard``,
+        under the process lock)."""
+        assert self._remote is not None
+        return str(self._remote.cache().root / self._remote.key(shard))
+
+    def _read_remote(self, shard: int, read: Callable[[Any], Column]) -> Column:
+        """``read`` of a remote shard through the reader this process keeps open, and pinned,
+        for it; a read of a shard already open costs no system call and counts as a cache
+        hit."""
+        remote = self._remote
+        assert remote is not None
+        process = self._process_state()
+        if process.readers[shard] is not None:
+            remote.count_hit()
+        reader = self._shard(shard)  # opens and pins it when it is not open
+        with process.lock:
+            if shard in process.pins:
+                process.pins.move_to_end(shard)
+        return read(reader)
 
 
-__all__ = ["MAX_OPEN_REMOTE_SHARDS", "RemoteShards"]
+# NOTE [open while pinned]
+# A remote shard this process reads is opened once and pinned in the shard cache (a shared lock
+# on its lock file, ``ShardCache.pin``) for as long as its reader stays open: eviction passes
+# a pinned shard by, so the open reader's file is the cache's and stays on disk, and a read
+# needs no look-up in the cache's folder. As the plan moves on to other shards, the least
+# recently read are closed, and unpinned, when opening another would pass MAX_OPEN_REMOTE_SHARDS
+# or, in a bounded cache, PINNED_SHARE of its limit: the plan's window stays open (a cache
+# that holds two windows, as the loader asks, then leaves one window's room for the shards the
+# prefetcher brings ahead, and for eviction to make it) and the shards it left make room. A shard's checks (its lengths against the index, an Arrow shard's nulls and
+# record batches) run once when it enters the cache: the cache's record of the verified file
+# notes what it was checked for, and a file replaced since has no record (``_storage._safe``).
+
+
+__all__ = ["MAX_OPEN_REMOTE_SHARDS", "PINNED_SHARE", "RemoteShards"]

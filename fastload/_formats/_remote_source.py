@@ -5,7 +5,7 @@ part selects shards) builds a :class:`RemoteSource`: the dataset's index, read o
 (cached in the local cache, fresh for :data:`INDEX_FRESH_S`; a later loader on the node makes
 no request), and the shard cache. The reader plans from the index alone; a shard is downloaded
 when a process first reads from it (:meth:`RemoteSource.local_path`), unless a prefetcher got
-there first, and is *pinned* while a read of it runs, so that eviction passes it by.
+there first, and is *pinned* while a process has it open, so that eviction passes it by.
 """
 
 from __future__ import annotations
@@ -171,6 +171,22 @@ class RemoteSource:
                 self._count(StorageCounts(hits=1))
             elif counted:
                 self._count(StorageCounts(time.perf_counter() - started, fetched[0], 0, 1))
+
+    def count_hit(self) -> None:
+        """Count a read of a shard this process has open (pinned: a hit, looked up in no
+        folder)."""
+        self._count(StorageCounts(hits=1))
+
+    def checked(self, shard: int, checks: str) -> bool:
+        """Whether shard ``shard`` (pinned) was checked for ``checks`` since it entered the
+        cache (see :meth:`mark_checked`)."""
+        return self.cache().checked(self.key(shard), checks)
+
+    def mark_checked(self, shard: int, checks: str) -> None:
+        """Record in the cache that shard ``shard`` (pinned) passed the checks ``checks`` names
+        (a reader's digest of what it checks for), so that no process checks it again while
+        it stays the file the cache verified."""
+        self.cache().mark_checked(self.key(shard), checks)
 
     def _count(self, counts: StorageCounts) -> None:
         self._own_process()

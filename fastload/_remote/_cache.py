@@ -286,6 +286,32 @@ class ShardCache:
         finally:
             held.release()
 
+    def checked(self, key: str, checks: str) -> bool:
+        """Whether shard ``key``, the very file this cache verified, has the checks named
+        ``checks`` noted in its record (:meth:`mark_checked`)."""
+        self._final(key)
+        with self._existing() as folder:
+            record = None if folder is None else folder.trusted(key)
+        return record is not None and checks in record.get("checked", [])
+
+    def mark_checked(self, key: str, checks: str) -> None:
+        """Note in shard ``key``'s record that it passed the checks named ``checks``; only while
+        the caller pins it (nobody may replace or evict it meanwhile). A record that is no
+        longer the file's (the file was replaced) is left alone: its checks are lost with it."""
+        self._final(key)
+        with self._session() as folder:
+            record = folder.trusted(key)
+            if record is None:
+                return
+            done = [c for c in record.pop("checked", []) if isinstance(c, str)][-7:]
+            record.pop("identity", None)
+            try:
+                folder.record(key, **record, checked=[*done, checks])
+            except FastloadError:
+                raise
+            except OSError as exc:
+                raise self._disk_error(exc) from exc
+
     def make_room(
         self, need: int, next_use: Mapping[str, float], *, later_than: float = -math.inf
     ) -> list[str]:

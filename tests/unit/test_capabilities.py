@@ -142,3 +142,22 @@ def test_a_collates_rounding_is_in_its_record_and_a_bad_one_says_why() -> None:
     assert resolve_collate(Rounds(None)).pad_to_multiple_of is None
     bad = resolve_collate(Rounds("8"))
     assert bad.pad_to_multiple_of is None and bad.rounding_error is not None and "'8'" in bad.rounding_error
+class ShardedImpostor(Reader):
+    """Shard capabilities by name only: sizes that are not counts, a warning that is a string."""
+
+    shard_sizes = {"a": 1, "b": 1}
+    cache_window_warning = "never"
+
+
+def test_shard_capabilities_are_declared_not_found_by_name() -> None:
+    found = resolve_dataset(ShardedImpostor())
+    assert found.shard_sizes is None and not found.cache_window_warning
+    remote = resolve_dataset(fastload.HDF5Dataset.__new__(fastload.HDF5Dataset))
+    assert remote.cache_window_warning
+
+
+def test_shuffle_shards_over_a_dataset_whose_shard_sizes_are_something_else_says_so() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match=r"shuffle_shards= needs the dataset's shards .* ShardedImpostor has none"):
+        fastload.DataLoader(ShardedImpostor(), batch_size=1, length_grouped=True, shuffle_shards=1)
