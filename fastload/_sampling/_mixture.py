@@ -335,9 +335,12 @@ class _Counter:
 
     def active_weights(self, step: int) -> list[float] | None:
         raw = self.weights.at(step)
-        if self.policy == "renormalize":
+        if self.policy in ("renormalize", "drain"):
             kept = [0.0 if self.available[d] <= 0 else raw[d] for d in range(self.size)]
             total = math.fsum(kept)
+            if total <= 0 and self.policy == "drain":  # the samples left go, whatever the weights
+                kept = [float(max(self.available[d], 0)) for d in range(self.size)]
+                total = math.fsum(kept)
             if total <= 0:
                 return None
             return [value / total for value in kept]
@@ -439,7 +442,7 @@ def _compose_rows(
         if active is None:
             break
         rows = int(min(_rows_at(settings, step), slot_limit - used))
-        if policy == "renormalize":
+        if policy in ("renormalize", "drain"):
             rows = int(min(rows, sum(counter.available[d] for d in range(size) if active[d] > 0)))
         if rows <= 0:
             break
@@ -634,9 +637,10 @@ def _compose_budget(
                 finished = True
                 break
             budget = _rows_at(settings, step)
-            cap = int(min(slot_limit - used, settings.batch_size or slot_limit))
-            if policy == "renormalize":
-                cap = int(min(cap, sum(counter.available[d] for d in range(size) if active[d] > 0)))
+            cap_limit = min(slot_limit - used, settings.batch_size or budget, budget)
+            if policy in ("renormalize", "drain"):
+                cap_limit = min(cap_limit, sum(counter.available[d] for d in range(size) if active[d] > 0))
+            cap = int(cap_limit)
             if cap <= 0:
                 finished = True
                 break
@@ -682,6 +686,10 @@ def _compose_budget(
                         high = middle - 1
                 chosen = low
             assert chosen_counts is not None
+            chosen = sum(chosen_counts)
+            if not chosen:
+                finished = True
+                break
             counter.commit(chosen_counts, chosen, active)
             batch = [chunks[d][pointers[d] : pointers[d] + chosen_counts[d]] for d in range(size)]
             for d in range(size):
@@ -764,11 +772,15 @@ def join(head: MixturePlan, position: int, tail: MixturePlan) -> MixturePlan:
 
 
 def even_out(
-    plan: MixturePlan, deal_start: int, replicas: int, token_lengths: npt.NDArray[np.int64]
+    plan: MixturePlan,
+    deal_start: int,
+    replicas: int,
+    token_lengths: npt.NDArray[np.int64],
+    first_free: int,
 ) -> MixturePlan:
-    """``plan`` with its last batches split in two until the batches from ``deal_start`` on
-    divide evenly among ``replicas`` ranks, so that no rank repeats a batch to fill the last
-    round (while the batches have a sample to give)."""
+    """``plan`` with its largest batches from ``first_free`` on (the last of equals first) split
+    in two until the batches from ``deal_start`` on divide evenly among ``replicas`` ranks, so
+    that no rank repeats a batch to fill the last round (while a batch has two samples)."""
     short = -(plan.num_batches - deal_start) % replicas
     if not short or plan.num_batches <= deal_start:
         return plan
@@ -777,7 +789,7 @@ def even_out(
     source_of = np.searchsorted(plan.streams.offsets, plan.indices, side="right") - 1
     indices = plan.indices
     while short:
-        sizes = [stop - start for start, stop in zip(starts[deal_start:], stops[deal_start:], strict=True)]
+        sizes = [stop - start for start, stop in zip(starts[first_free:], stops[first_free:], strict=True)]
         if not sizes or max(sizes) < 2:
             break
         largest = len(starts) - 1 - int(np.argmax(sizes[::-1]))  # the last of the largest

@@ -537,6 +537,9 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         if self._mixture_cache is not None and self._mixture_cache[0] == key:
             return self._mixture_cache[1]
         plan = self._base_plan(epoch, plan_replicas, self._first_step(epoch))
+        token_lengths = self._settings.token_lengths
+        if not self._drop_last:
+            plan = even_out(plan, 0, plan_replicas, token_lengths, 0)
         changes = [(step, weights) for step, weights, ep, _ in self._changes if ep < epoch]
         deal_start = 0
         for kind, position, value in events:
@@ -548,7 +551,7 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
                 streams = remaining_streams(plan, position, keep_tail=False)
                 replicas = value
                 limit: float = float(sum(head.size for head in streams.heads))
-                policy = "renormalize"
+                policy = "drain"
             else:  # new weights: the rest of the epoch is drawn from the streams
                 change_step, weights, _, _ = self._changes[value]
                 changes.append((change_step, weights))
@@ -564,8 +567,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             plan = join(plan, position, tail)
             if kind == "redeal":
                 deal_start = position
-        if not self._drop_last:
-            plan = even_out(plan, deal_start, plan.segments[-1].replicas, self._settings.token_lengths)
+            if not self._drop_last:
+                plan = even_out(plan, deal_start, replicas, token_lengths, position)
         self._mixture_cache = (key, plan)
         return plan
 
