@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 import weakref
@@ -16,6 +17,7 @@ from fastload._options import LoaderOptions
 from fastload._resume import EpochProgress, SkipPositions, worker_resume, worker_state
 from fastload._sampling._stateful import keeps_own_position, stateful_sampler
 from fastload._sampling._torch_resume import resumable_torch_sampler
+from fastload._sampling._weighted import MixtureBatchSampler
 from fastload.errors import RebuiltLoaderWarning
 
 _log = logging.getLogger("fastload")
@@ -409,8 +411,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         skipped samples, and a one-line ``diagnosis``."""
         it = self._last_iterator()
         if it is not None:
-            return it.stats(scope)
-        return self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+            stats = it.stats(scope)
+        else:
+            stats = self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+        if isinstance(self.batch_sampler, MixtureBatchSampler):  # delivered, not prefetched
+            progress = self._progress
+            consumed = 0 if progress is None or progress.epoch != self._sampler_epoch() else progress.consumed
+            stats = dataclasses.replace(stats, sources=self.batch_sampler.consumed(batches_consumed=consumed))
+        return stats
 
     def _on_epoch_end(self, summary: LoaderStats) -> None:
         self.epoch_stats.append(summary)
