@@ -149,15 +149,29 @@ class MixtureWeights:
                 break
         if raw is None:
             if self.function is not None:
-                raw = as_weight_vector(f"proportions({step})", self.function(step), self.size)
+                raw = _quick_weights(self.function(step), self.size)
+                if raw is None:  # the full check names what is wrong
+                    raw = as_weight_vector(f"proportions({step})", self.function(step), self.size)
             else:
                 raw = self.pieces[bisect.bisect_right(self._piece_steps, step) - 1][1]
         total = math.fsum(raw)
         normalized = tuple(value / total for value in raw)
-        if len(self._cache) > 4096:
+        if len(self._cache) > 1 << 16:
             self._cache.clear()
         self._cache[step] = normalized
         return normalized
+
+
+def _quick_weights(values: Any, size: int) -> tuple[float, ...] | None:
+    """``values`` as weights if they plainly are (``size`` finite numbers >= 0, not all 0),
+    without numpy: a callable schedule is asked once per step."""
+    try:
+        weights = tuple(float(value) for value in values)
+    except (TypeError, ValueError):
+        return None
+    if len(weights) != size or not all(0.0 <= value < math.inf for value in weights):
+        return None
+    return weights if math.fsum(weights) > 0 else None
 
 
 def _looks_like_pieces(value: object) -> bool:

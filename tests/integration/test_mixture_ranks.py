@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_distributed_sampler import REPO_ROOT, free_port
 
 TIMEOUT_S = 120
