@@ -130,10 +130,12 @@ class MixtureWeights:
             return min(ends)
         if any(change <= step for change, _ in self.changes):
             return min(ends)
-        first = self.at(step)
+        self.at(step)  # checks the weights once
+        first = tuple(self.function(step))
         end = min(ends)
         probe = step + 1
-        while probe < end and self.at(probe) == first:
+        # The callable's own output compared, unchecked: equal to weights already checked.
+        while probe < end and tuple(self.function(probe)) == first:
             probe += 1
         return probe
 
