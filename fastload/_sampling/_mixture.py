@@ -199,6 +199,7 @@ class Streams:
     shuffle: bool
     passes: bool
     offsets: npt.NDArray[np.int64] = field(default_factory=lambda: _EMPTY)
+    passes_made: dict[int, tuple[int, npt.NDArray[np.int64]]] = field(default_factory=dict)
 
     def available(self, source: int) -> float:
         members = self.members[source].size
@@ -241,8 +242,13 @@ class Streams:
         members = self.members[source]
         if not self.shuffle:
             return members
+        kept = self.passes_made.get(source)
+        if kept is not None and kept[0] == number:
+            return kept[1]
         rng = epoch_rng(self.seed, self.epoch, STREAM_SOURCE + source * 4096 + number)
-        return members[rng.permutation(members.size)]
+        order = members[rng.permutation(members.size)]
+        self.passes_made[source] = (number, order)  # the latest pass: read in pieces
+        return order
 
 
 @dataclass
@@ -645,6 +651,8 @@ def _compose_budget(
             taken = streams.take(d, max(amount, 0))
             chunks.append(taken[np.lexsort((taken, padded[taken]))] if taken.size else _EMPTY)
         pointers = [0] * size
+        chunk_lengths = [padded[chunk] for chunk in chunks]
+        last_rows = 0
         made = 0
         while made < per_window and used < slot_limit:
             step = _step_of(segments, position)
@@ -680,7 +688,24 @@ def _compose_budget(
                         longest = max(longest, int(padded[chunks[d][end - 1]]))
                 return rows * longest <= budget, counts
 
-            chosen_counts: list[int] | None
+            chosen_counts: list[int] | None = _vector_choice(
+                counter, active, budget, cap, pointers, chunk_lengths, 2 * last_rows + 8
+            )
+            if chosen_counts is not None:
+                counts_found: list[int] = chosen_counts
+                last_rows = sum(counts_found)
+                counter.commit(counts_found, last_rows, active)
+                pieces.append(
+                    np.concatenate([chunks[d][pointers[d] : pointers[d] + counts_found[d]] for d in range(size)])
+                )
+                for d in range(size):
+                    pointers[d] += counts_found[d]
+                all_counts.append(counts_found)
+                all_errors.append(list(counter.errors))
+                used += last_rows
+                position += 1
+                made += 1
+                continue
             ok, counts = fits(1)
             if counts is None:
                 finished = True
@@ -731,6 +756,58 @@ def _compose_budget(
     starts = np.concatenate(([0], np.cumsum(rows_array)[:-1])).astype(np.int64) if rows_array.size else _EMPTY
     indices = np.concatenate(pieces) if pieces else _EMPTY
     return _finish(settings, indices, starts, starts + rows_array, counts_array, all_errors, segments, streams)
+
+
+def _vector_choice(
+    counter: _Counter,
+    active: list[float],
+    budget: int,
+    cap: int,
+    pointers: list[int],
+    chunk_lengths: list[npt.NDArray[np.int64]],
+    guess: int,
+) -> list[int] | None:
+    """The composition of the largest batch (in rows) whose every prefix of rows fits the
+    budget, found for all row counts up to ``guess`` at once (doubled while all fit); the
+    counts are ``_Counter.split``'s. ``None`` where the loop must decide (a source that runs
+    out, no row fits, or a split that would clip)."""
+    shares = np.array(active, dtype=np.float64)
+    positive = shares > 0
+    errors = np.array(counter.errors, dtype=np.float64)
+    sizes = np.array([lengths.size for lengths in chunk_lengths], dtype=np.int64)
+    available = np.array(counter.available, dtype=np.float64)
+    start = np.array(pointers, dtype=np.int64)
+    high = max(1, min(cap, guess))
+    while True:
+        rows = np.arange(1, high + 1, dtype=np.int64)
+        deficits = rows[:, None] * shares[None, :] - errors[None, :]
+        counts = np.where(positive[None, :], np.maximum(np.floor(deficits), 0), 0).astype(np.int64)
+        short = rows - counts.sum(axis=1)
+        if (short < 0).any() or (short > int(positive.sum())).any():
+            return None
+        keys = np.where(positive[None, :], counts - deficits, np.inf)
+        order = np.argsort(keys, axis=1, kind="stable")
+        ranks = np.empty_like(order)
+        np.put_along_axis(ranks, order, np.arange(shares.size)[None, :].repeat(high, axis=0), axis=1)
+        counts += ranks < short[:, None]
+        if counter.policy != "repeat" and (counts > available[None, :]).any():
+            return None
+        ends = start[None, :] + counts
+        within = (ends <= sizes[None, :]).all(axis=1)
+        longest = np.zeros(high, dtype=np.int64)
+        for d, lengths in enumerate(chunk_lengths):
+            if lengths.size:
+                last = lengths[np.minimum(np.maximum(ends[:, d] - 1, 0), lengths.size - 1)]
+                longest = np.maximum(longest, np.where(counts[:, d] > 0, last, 0))
+        fit = within & (rows * longest <= budget)
+        if not fit[0]:
+            return None
+        failing = np.flatnonzero(~fit)
+        if failing.size:
+            return [int(value) for value in counts[int(failing[0]) - 1]]
+        if high >= cap:
+            return [int(value) for value in counts[-1]]
+        high = min(cap, high * 2)
 
 
 def _finish(
