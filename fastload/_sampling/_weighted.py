@@ -1,8 +1,10 @@
 """Weighted sampling and dataset mixing, both with length grouping.
 
-Both draw each epoch's samples from a seeded generator (a pure function of ``(seed, epoch)``),
-then hand the draw to the same planner, dealer and resume logic as
-:class:`~fastload.LengthGroupedBatchSampler`: only *which* samples form an epoch differs.
+The weighted sampler draws each epoch's samples from a seeded generator (a pure function of
+``(seed, epoch)``), then hands the draw to the same planner, dealer and resume logic as
+:class:`~fastload.LengthGroupedBatchSampler`. The mixture plans its own batches (``_mixture.py``:
+each batch split among the sources by the weights of its step) on the same dealer and resume
+logic.
 """
 
 from __future__ import annotations
