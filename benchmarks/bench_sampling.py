@@ -29,6 +29,7 @@ Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_sampling.py -s -p no:ca
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 import sysconfig
 import time
@@ -42,7 +43,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from fastload import LengthGroupedBatchSampler, PadCollate
+from fastload import LengthGroupedBatchSampler, MixtureBatchSampler, PadCollate
 from fastload._collate import _kernels
 from fastload._types import Ragged
 
@@ -257,7 +258,48 @@ def test_sampler_cost_per_epoch(
     )
 
 
-def next_epoch_planner(sampler: LengthGroupedBatchSampler) -> Callable[[], int]:
+MIXTURE_SHARES = (0.4, 0.3, 0.15, 0.1, 0.05)
+
+
+def test_mixture_schedule_plan_cost(bench_size: str, benchmark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Planning an epoch of a 5-source mixture (10 M samples with ``--size full``) whose weights
+    follow a schedule (pieces, or a callable changing every step), against the same mixture
+    with fixed proportions (goal: within 1.5x)."""
+    count = SIZES[bench_size][1]
+    lengths = lognormal_lengths(count)
+    cuts = np.round(np.cumsum((0.0, *MIXTURE_SHARES)) * count).astype(np.int64)
+    parts = [lengths[a:b] for a, b in itertools.pairwise(cuts.tolist())]
+    steps = count // BATCH
+    schedules: dict[str, Any] = {
+        "fixed proportions (baseline)": list(MIXTURE_SHARES),
+        "schedule, 4 pieces": [
+            (0, [4, 3, 1.5, 1, 0.5]),
+            (steps // 4, [3, 3, 2, 1, 1]),
+            (steps // 2, [2, 3, 2, 2, 1]),
+            (3 * steps // 4, [1, 2, 3, 2, 2]),
+        ],
+        "schedule, a callable (new weights every 1000 steps)": lambda step: [
+            4 - 3 * min(step // 1000 * 1000, steps) / steps, 3, 1.5, 1, 0.5 + step // 1000 / 100
+        ],
+    }
+    samplers = {
+        name: MixtureBatchSampler(parts, proportions=proportions, batch_size=BATCH)
+        for name, proportions in schedules.items()
+    }
+    medians = interleaved_medians({name: next_epoch_planner(s) for name, s in samplers.items()}, 3)
+    baseline = medians["fixed proportions (baseline)"]
+    rows = [
+        (name, f"{seconds * 1e3:,.0f} ms", f"{seconds / baseline:.2f}x") for name, seconds in medians.items()
+    ]
+    with capsys.disabled():
+        print(table(f"mixture plan per epoch, 5 sources, {count:,} samples", ("plan", "median", "vs fixed"), rows))
+    for name, seconds in medians.items():
+        assert seconds <= 1.5 * baseline * 1.5, name  # the goal, with room for a loaded machine
+    benchmark.extra_info.update({f"{k} (ms)": round(v * 1e3, 1) for k, v in medians.items()})
+    benchmark.pedantic(lambda: len(MixtureBatchSampler(parts, proportions=list(MIXTURE_SHARES), batch_size=BATCH)), rounds=1)
+
+
+def next_epoch_planner(sampler: LengthGroupedBatchSampler | MixtureBatchSampler) -> Callable[[], int]:
     """Each call plans the sampler's next epoch (``len`` builds and caches the plan)."""
     epochs = count(1)
 

@@ -25,6 +25,7 @@ from fastload._options import LoaderOptions
 from fastload._resume import EpochProgress, SkipPositions, worker_resume, worker_state
 from fastload._sampling._stateful import keeps_own_position, stateful_sampler
 from fastload._sampling._torch_resume import resumable_torch_sampler
+from fastload._sampling._weighted import MixtureBatchSampler
 from fastload.errors import RebuiltLoaderWarning
 
 _log = logging.getLogger("fastload")
@@ -442,9 +443,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         it = self._last_iterator()
         found = self.__dict__.get("_preflight", ())  # the start-up checks' warnings
         if it is not None:
-            return dataclasses.replace(it.stats(scope), preflight=found)
-        snap = self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
-        return dataclasses.replace(snap, preflight=found)
+            stats = it.stats(scope)
+        else:
+            stats = self.meter.snapshot(scope=scope, num_workers=self._final_workers, **self._final_fields)
+        if isinstance(self.batch_sampler, MixtureBatchSampler):  # delivered, not prefetched
+            progress = self._progress
+            consumed = 0 if progress is None or progress.epoch != self._sampler_epoch() else progress.consumed
+            stats = dataclasses.replace(stats, sources=self.batch_sampler.consumed(batches_consumed=consumed))
+        return dataclasses.replace(stats, preflight=found)
 
     def _on_epoch_end(self, summary: LoaderStats) -> None:
         self.epoch_stats.append(summary)

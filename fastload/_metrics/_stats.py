@@ -72,6 +72,8 @@ class LoaderStats:
     * ``gpu_idle_s`` (with ``device="cuda"``): time the GPU sat between finishing the work queued
       before a ``next()`` and the batch it returned being on the device, measured with CUDA
       events (host-side waiting overstates the stall while kernels are still queued).
+    * ``sources`` (with a :class:`~fastload.MixtureBatchSampler`): per source, the samples and
+      tokens delivered in the epoch and in the run, as ``MixtureBatchSampler.consumed()`` gives.
 
     Remote datasets (``s3://``, ``gs://``, ``https://``; all ``None`` for local files):
 
@@ -126,6 +128,7 @@ class LoaderStats:
     cache_misses: int | None = None
     storage_wait_s: float | None = None
     storage_wait_share: float | None = None
+    sources: dict[str, Any] | None = None
     diagnosis: str = ""
     preflight: tuple[str, ...] = ()
 

@@ -132,7 +132,7 @@ def test_mixture_subsets_change_with_the_epoch() -> None:
 
 
 def test_mixture_rejects_a_dataset_that_cannot_contribute() -> None:
-    with pytest.raises(ValueError, match="dataset 1 is asked for 5 samples"):
+    with pytest.raises(ValueError, match="dataset 1 has weight > 0 in proportions but no sample"):
         MixtureBatchSampler([[1, 2, 3], []], proportions=[1, 1], num_samples=10, batch_size=2)
     with pytest.raises(ValueError, match="proportions must not all be 0"):
         MixtureBatchSampler([[1, 2]], proportions=[0.0], batch_size=2)
