@@ -9,9 +9,8 @@ against the container's memory limit, which the preflight checks).
 A segment holds regular slots of one size, ``slot_bytes`` apart. A slot is *free*, *reserved*
 for a task, or *exported* to the consumer as tensors viewing it; it becomes free again only when
 the last tensor viewing it is garbage-collected (a weak reference with a callback on the numpy
-array under all the views), so a consumer that keeps a batch can never see it overwritten. Each
-regular slot ends in a claim word (``_claims.py``) after its ``capacity`` bytes for the batch. A
-batch larger than that gets a temporary segment of its own.
+array under all the views), so a consumer that keeps a batch can never see it overwritten. A
+batch larger than a regular slot gets a temporary segment of its own.
 
 The regular size may change while the arena lives (:meth:`SlotArena.resize`, when the batches
 that come turn out larger than the slots): the segments of the old size are then *retired*. Their
@@ -46,7 +45,6 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from fastload._engine._claims import CLAIM_BYTES
 from fastload._protocols import ALIGN
 from fastload.errors import SharedMemoryError
 
@@ -77,14 +75,8 @@ class SlotRef(NamedTuple):
     fd: int  # the segment's descriptor number in the main process
     size: int  # the segment's size in bytes
     offset: int  # the slot's byte offset in the segment
-    capacity: int  # the bytes a batch may use (a regular slot's claim word follows them)
+    capacity: int  # the bytes a batch may use
     temporary: bool = False  # a one-off slot for an oversize batch: unmapped after use
-
-    @property
-    def claim_at(self) -> int:
-        """Where in its segment the slot's claim word lies (``_claims.py``): right after the
-        bytes a batch may use."""
-        return self.offset + self.capacity
 
 
 def available_memory_bytes() -> int | None:
@@ -143,7 +135,6 @@ class _Segment:
     def __init__(self, seg_id: int, size: int, pin: SlotDevice | None) -> None:
         self.id = seg_id
         self.size = size
-        self.array: np.ndarray | None = None  # the whole segment, for the main process's builds
         self.fd = _anonymous_file(size)
         try:
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -162,7 +153,6 @@ class _Segment:
         return self._unpin is not None
 
     def close(self) -> None:
-        self.array = None
         if self._unpin is not None:
             self._unpin()
         os.close(self.fd)
@@ -180,7 +170,7 @@ class SlotArena:
     slot that was never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch;
     ``resize(capacity)`` changes the size of the regular slots handed out from then on.
     ``slot_bytes`` is the stride of regular slots: their ``capacity`` for a batch (at least the
-    ``slot_bytes`` asked for) plus the claim word; 0 until the first ``resize`` where the arena
+    ``slot_bytes`` asked for, in whole pages); 0 until the first ``resize`` where the arena
     was made with no slots (its batches' size not yet known). ``slots`` is how many regular
     slots each size starts with. Thread-safe: a finalizer may run on any thread.
     """
@@ -224,7 +214,7 @@ class SlotArena:
     @staticmethod
     def stride(capacity: int) -> int:
         """The bytes a regular slot holding ``capacity`` bytes of batch takes in a segment."""
-        return align(capacity + CLAIM_BYTES, _PAGE)
+        return align(capacity, _PAGE)
 
     def _set_size(self, capacity: int) -> None:
         self.slot_bytes = self.stride(capacity)
@@ -249,7 +239,7 @@ class SlotArena:
     def _grow(self, slots: int) -> None:
         seg = self._new_segment(self.slot_bytes * slots)
         for k in range(slots):
-            ref = SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes - CLAIM_BYTES)
+            ref = SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes)
             self._free.append(ref)
         self._sized += slots
 
@@ -260,7 +250,7 @@ class SlotArena:
     @property
     def capacity(self) -> int:
         """The bytes a batch may use in a regular slot handed out now (0: none yet)."""
-        return max(0, self.slot_bytes - CLAIM_BYTES)
+        return self.slot_bytes
 
     @property
     def in_use(self) -> int:
@@ -387,23 +377,6 @@ class SlotArena:
                 self._close_segment(ref.segment)
         else:
             self._free.append(ref)
-
-    def memory(self, ref: SlotRef) -> mmap.mmap:
-        """The main process's map of the segment holding ``ref`` (for its claim word)."""
-        return self._segments[ref.segment].mm
-
-    def segment(self, ref: SlotRef) -> np.ndarray:
-        """The whole segment holding ``ref`` as a writable uint8 array, for a batch built in the
-        main process (the slot starts at ``ref.offset``); as :meth:`WorkerSlots.segment`, so
-        that a builder takes either. Made once per segment and dropped when the segment
-        closes."""
-        seg = self._segments[ref.segment]
-        if seg.array is None:
-            seg.array = np.frombuffer(seg.mm, dtype=np.uint8)
-        return seg.array
-
-    def forget(self, segment: int) -> None:
-        """As :meth:`WorkerSlots.forget`: nothing to do, the arena owns its segments."""
 
     def export(self, ref: SlotRef, nbytes: int) -> np.ndarray:
         """A writable uint8 array over the first ``nbytes`` of the slot; the slot is freed when

@@ -58,8 +58,6 @@ class LoaderStats:
       fastload's readers leave in the memory map are read by the gather into the batch slot,
       so for them that gather counts as reading.
     * ``num_workers``, ``respawns``, ``retries``, ``skipped_samples``: counts.
-    * ``main_batches``: batches the main process built itself (the fast path's one-call builds)
-      because none of its workers had started them when ``next()`` would have waited.
     * ``gpu_idle_s`` (with ``device="cuda"``): time the GPU sat between finishing the work queued
       before a ``next()`` and the batch it returned being on the device, measured with CUDA
       events (host-side waiting overstates the stall while kernels are still queued).
@@ -100,7 +98,6 @@ class LoaderStats:
     num_workers: int = 0
     respawns: int = 0
     retries: int = 0
-    main_batches: int = 0
     skipped_samples: int = 0
     gpu_idle_s: float | None = None
     downloaded_bytes: int | None = None
@@ -151,8 +148,6 @@ class LoaderStats:
         busy = self.mean_worker_busy
         workers = f"{self.num_workers} workers"
         parts.append(workers if busy is None else f"{workers} busy {busy * 100:.0f} %")
-        if self.main_batches:
-            parts.append(f"{self.main_batches:,} batches built by the main process")
         if self.diagnosis:
             parts.append(self.diagnosis)
         return " | ".join(parts)
