@@ -18,6 +18,14 @@ slots are never handed out again, and each retired segment is freed once its las
 Segment ids only grow, so :attr:`SlotArena.live_from`, the first id of the current size, tells a
 worker which of the segments it has mapped it may unmap.
 
+NOTE [letting a batch go]: the last view of a slot dies on the consumer's thread, as the loop
+rebinds ``batch`` (after ``next()`` returned, where no meter sees it), so the weak reference's
+callback does O(1) work with no lock and no system call: it asks a page-locked slot's device
+for a fence and appends the reference to ``_returned`` (a deque: one append under the GIL).
+Whoever next needs the arena's counts or a slot (:meth:`SlotArena.reserve`, on whichever thread
+dispatches; the statistics; :meth:`SlotArena.close`) takes the returned slots in under the lock.
+Nothing is woken: the engine finds the slot when it next dispatches.
+
 NOTE [pending copies]: a slot page-locked for a device may still be read by a copy the consumer
 queued from it (``x.to("cuda", non_blocking=True)`` returns before the copy runs). So when the
 last view of such a slot dies, the arena asks the device for a *fence* (an event after the
@@ -61,6 +69,18 @@ _CLOSING: set[SlotArena] = set()
 # Segments a closed arena could not free because a copy from them never completed: they stay
 # mapped and page-locked for the life of the process rather than be reused under a copy.
 _ABANDONED: list[_Segment] = []
+
+# This process's id, kept current across fork without a system call per batch (a forked child's
+# copy of an arena fences nothing).
+_PID = os.getpid()
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def align(n: int, to: int = ALIGN) -> int:
@@ -182,16 +202,16 @@ class SlotArena:
         self._pid = os.getpid()  # a forked child's copy of the arena fences nothing
         self.max_bytes = max_bytes
         self._slots = max(1, slots)
-        # Reentrant: a finalizer freeing a slot may run in the middle of arena code (a garbage
-        # collection triggered by an allocation made under the lock).
+        # Reentrant: a garbage collection triggered by an allocation made under the lock may
+        # run a closed arena's callback, which takes it.
         self._lock = threading.RLock()
-        #: Called (outside the lock, on whatever thread dropped the batch) after a batch's slot
-        #: is freed by the garbage collector: the engine thread may dispatch into it.
-        self.on_release: Callable[[], None] | None = None
         self._segments: dict[int, _Segment] = {}
         # id() of each exported slot's weak reference -> (that reference, the slot); the
-        # reference's callback frees the slot.
+        # reference's callback returns the slot (NOTE [letting a batch go]).
         self._exports: dict[int, tuple[weakref.ref[np.ndarray], SlotRef]] = {}
+        # Weak references of exported slots whose last view died, with their fences (None:
+        # none needed), not yet taken in (NOTE [letting a batch go]).
+        self._returned: deque[tuple[weakref.ref[np.ndarray], Any]] = deque()
         self._free: deque[SlotRef] = deque()
         # Slots whose last view died while copies from them may be pending, with their fences,
         # oldest first (NOTE [pending copies]).
@@ -203,8 +223,8 @@ class SlotArena:
         self._closed = False
         self._sized = 0  # regular slots of the current size
         self.live_from = 0  # regular segments below this id are retired
-        self.exported = 0  # slots currently viewed by consumer tensors
-        self.held = 0  # slots reserved for a task or viewed by the consumer, temporary ones too
+        self._exported = 0  # slots currently viewed by consumer tensors
+        self._held = 0  # slots reserved for a task or viewed by the consumer, temporary ones too
         self.slot_bytes = 0
         if slot_bytes > 0:
             self._set_size(slot_bytes)
@@ -255,7 +275,34 @@ class SlotArena:
     @property
     def in_use(self) -> int:
         """Slots reserved for a task or viewed by the consumer (temporary slots included)."""
-        return self.held
+        with self._lock:
+            self._take_returned_locked()
+            return self._held
+
+    @property
+    def exported(self) -> int:
+        """Slots the consumer's tensors still view."""
+        with self._lock:
+            self._take_returned_locked()
+            return self._exported
+
+    @property
+    def held(self) -> int:
+        """As :attr:`in_use`."""
+        return self.in_use
+
+    def _take_returned_locked(self) -> None:
+        """Take in the slots whose last view died (NOTE [letting a batch go]): free, or
+        fencing while copies from them may be pending."""
+        returned = self._returned
+        while returned:
+            watch, fence = returned.popleft()
+            _, ref = self._exports.pop(id(watch))
+            self._exported -= 1
+            if fence is not None:
+                self._fencing.append((fence, ref))  # freed where slots are handed out
+            elif not self._closed:
+                self._release_locked(ref)
 
     def resize(self, capacity: int) -> None:
         """Regular slots handed out from now on hold ``capacity`` bytes of batch; the slots of
@@ -285,7 +332,9 @@ class SlotArena:
     @property
     def fencing(self) -> int:
         """Slots no tensor views any more that wait for the copies queued from them."""
-        return len(self._fencing)
+        with self._lock:
+            self._take_returned_locked()
+            return len(self._fencing)
 
     def reserve(self) -> SlotRef:
         """A free slot, for a task. Slots whose copies have completed are freed first; where
@@ -294,6 +343,7 @@ class SlotArena:
         waited = False
         while True:
             with self._lock:
+                self._take_returned_locked()
                 self._reclaim_locked()
                 fencing = self._fencing
                 if self._free or not fencing or waited:
@@ -328,13 +378,13 @@ class SlotArena:
                 )
                 raise SharedMemoryError(
                     f"all {self._sized} batch slots of {self.slot_bytes / 2**20:.2f} MiB "
-                    f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self.exported} of "
+                    f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self._exported} of "
                     f"them by batches the consumer still holds{copying}, and growing past "
                     f"{self.max_bytes / 2**20:.1f} MiB (max_shared_bytes) is not allowed. "
                     "Keep fewer batches alive, or .clone() the tensors you keep."
                 )
             self._grow(grow)
-        self.held += 1
+        self._held += 1
         return self._free.popleft()
 
     def temporary(self, nbytes: int, batch: str = "a batch") -> SlotRef:
@@ -355,7 +405,7 @@ class SlotArena:
                 )
             seg = self._new_segment(size)
             self._temporary_ids.add(seg.id)
-            self.held += 1
+            self._held += 1
         return SlotRef(seg.id, seg.fd, seg.size, 0, size, temporary=True)
 
     def release(self, ref: SlotRef) -> None:
@@ -364,7 +414,7 @@ class SlotArena:
                 self._release_locked(ref)
 
     def _release_locked(self, ref: SlotRef) -> None:
-        self.held -= 1
+        self._held -= 1
         if ref.temporary:
             self._temporary_ids.discard(ref.segment)
             self._close_segment(ref.segment)
@@ -388,34 +438,26 @@ class SlotArena:
         arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=ref.offset)
         watch = weakref.ref(arr, self._on_collected)
         with self._lock:
-            self.exported += 1
+            self._exported += 1
             self._exports[id(watch)] = (watch, ref)
         return arr
 
     def _on_collected(self, watch: weakref.ref[np.ndarray]) -> None:
-        with self._lock:
-            self.exported -= 1
-            _, ref = self._exports.pop(id(watch))
-            fence = self._fence(ref)
-            if fence is not None:
-                self._fencing.append((fence, ref))  # freed where slots are handed out
-            closed = self._closed
-            if not closed and fence is None:
-                self._release_locked(ref)
-        if closed:
-            if not self.exported:  # the last view of a closed arena
+        # On the consumer's thread as it lets a batch go: O(1), no lock, no system call
+        # (NOTE [letting a batch go]).
+        fence = None
+        if self._pin is not None:
+            _, ref = self._exports[id(watch)]
+            seg = self._segments.get(ref.segment)
+            if seg is not None and seg.pinned and self._pid == _PID:
+                fence = self._pin.fence()
+        self._returned.append((watch, fence))
+        if self._closed:  # read after the append: close() takes in whatever it found before
+            with self._lock:
+                self._take_returned_locked()
+                last = not self._exported
+            if last:  # the last view of a closed arena
                 self._free_pinned()
-        elif self.on_release is not None:
-            self.on_release()
-
-    def _fence(self, ref: SlotRef) -> Any:
-        """A fence after the copies that may be queued from ``ref``, or ``None`` where none can
-        be (a pageable slot, or a forked child's copy of the arena)."""
-        seg = self._segments.get(ref.segment)
-        if seg is None or not seg.pinned or os.getpid() != self._pid:
-            return None
-        assert self._pin is not None
-        return self._pin.fence()
 
     def close(self) -> None:
         """Free every segment (call after the workers are gone). Slots still viewed by consumer
@@ -425,7 +467,8 @@ class SlotArena:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = True  # before taking in: see _on_collected
+            self._take_returned_locked()
             # Copied first: a view collected meanwhile (an allocation may run the collector)
             # changes both.
             out = [*self._exports.values(), *self._fencing]
@@ -436,7 +479,7 @@ class SlotArena:
                     seg.close()
             self._free.clear()
             # Not the weak references: a batch collected after close still counts itself out.
-            last = not self.exported
+            last = not self._exported
             if self._segments and not last:
                 _CLOSING.add(self)
         if last:
@@ -451,7 +494,7 @@ class SlotArena:
             fences = [fence for fence, _ in self._fencing]
             self._fencing.clear()
             _CLOSING.discard(self)
-        if not segments or os.getpid() != self._pid:
+        if not segments or self._pid != _PID:
             return
         assert self._pin is not None
         for fence in fences:

@@ -119,9 +119,10 @@ class Pump:
     # -- the consumer's side ------------------------------------------------------------------
     def grant(self, n: int = 1) -> None:
         """Allow ``n`` more tasks to be dispatched (inline: dispatch them). While threaded, a
-        single grant does not wake the thread: the consumer is about to drop its previous batch, and :meth:`nudge` (called
-        when a slot is freed) wakes it outside ``next()``; a second pending grant (a consumer
-        that holds its batches) or a consumer about to wait does."""
+        single grant does not wake the thread: a worker's next result does, or, where no task
+        is in flight, the thread's own poll within half a step (:meth:`_idle_poll_ms`); a
+        second pending grant (a consumer that holds its batches) or a consumer about to wait
+        does."""
         self._granted += n
         if not self._threaded:
             # Inline: send it now, not at the next next(): the worker builds while the
@@ -133,11 +134,6 @@ class Pump:
                     except BaseException as exc:  # as _guarded: the consumer raises it
                         self._halt(exc)
         elif self._sleeping and self._granted - self._used >= 2:
-            self._wake()
-
-    def nudge(self) -> None:
-        """A slot was freed: wake the thread if it has a grant to use."""
-        if self._threaded and self._sleeping and self._granted > self._used:
             self._wake()
 
     def take(self, _clock: Callable[[], float] = time.perf_counter) -> Delivery:
@@ -309,7 +305,6 @@ class Pump:
                     if not self._halted:
                         self._guarded(self._collect, ready, generation)
 
-
     def _inline_poller(self, generation: int, fds: list[int]) -> select.poll:
         cached = self._inline_poll
         if cached is None or cached[0] != generation or cached[1] != fds:
@@ -318,7 +313,6 @@ class Pump:
                 poller.register(fd, select.POLLIN)
             cached = self._inline_poll = (generation, fds, poller)
         return cached[2]
-
 
     def _run_thread(self) -> None:
         """The engine thread (``fastload-pump``): parked while the consumer drives, else
@@ -329,7 +323,6 @@ class Pump:
                     self._park.wait()
             if self._stop or not self._drive_thread():
                 return
-
 
     def _drive_thread(self) -> bool:
         """The thread's loop while it drives; ``False`` once stopped, ``True`` when parked."""
@@ -350,6 +343,8 @@ class Pump:
                 else:
                     generation, fds = self._engine.watch()
                 more = self._granted > self._used and not self._spent and not self._halted
+                # Nothing in flight: no worker's result will wake the thread for a grant.
+                idle = self._engine.in_flight == 0 and not self._spent and not self._halted
             ready = None
             if fds != watched or poller is None:
                 poller, watched = select.poll(), fds
@@ -361,13 +356,19 @@ class Pump:
             events: list[tuple[int, int]] = []
             if self._granted <= self._used or self._spent or self._halted:
                 with contextlib.suppress(InterruptedError):
-                    events = poller.poll(_IDLE_POLL_MS)
+                    events = poller.poll(self._idle_poll_ms() if idle else _IDLE_POLL_MS)
             self._sleeping = False
             ready = [event for event in events if event[0] != self._waker.fd]
             if len(ready) < len(events):
                 self._waker.drain()
             if not events:
                 ready = None  # timed out, or a grant slipped in: poll the workers afresh
+
+    def _idle_poll_ms(self) -> int:
+        """How long the thread sleeps with no task in flight: half the consumer's step, so that
+        the grant of a batch taken meanwhile is dispatched well before the batches queued ahead
+        run out, and the consumer never has to wake the thread (a system call in ``next()``)."""
+        return max(1, min(_IDLE_POLL_MS, int(self._step_s * 500)))
 
     # -- the work, under lock, by either driver -----------------------------------------------
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:

@@ -373,7 +373,6 @@ class SlotRunner(RunnerBase):
         self._pump = Pump(
             self._engine, SlotSource(sampler_iter, self._codec), batch_counts, options.timeout_s
         )
-        self._arena.on_release = self._pump.nudge
         self._lock = threading.Lock()  # close() may come from a finalizer on another thread
         self._prime(first=True)
 

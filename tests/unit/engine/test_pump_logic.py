@@ -42,8 +42,7 @@ class _Sampler:
 
 
 class _Consumer:
-    """Takes items as the fast path's runner does: a grant per batch taken, and the slot of the
-    batch before freed (``nudge``) once it has the next."""
+    """Takes items as the fast path's runner does: a grant per batch taken."""
 
     def __init__(self, pump: Pump) -> None:
         self.pump = pump
@@ -55,7 +54,6 @@ class _Consumer:
         item = self.pump.take(**kwargs)
         self.taken += item.kind <= FAILED
         self.taking = False
-        self.pump.nudge()
         return item
 
 
