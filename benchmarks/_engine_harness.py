@@ -235,6 +235,32 @@ def run(batches: Iterable[Any], step_s: float = 0.0) -> dict[str, float]:
     }
 
 
+def stall_as_users_loop(batches: Iterable[Any], step_s: float) -> dict[str, float]:
+    """The loop as users write it: ``for batch in loader: step(batch)``, the previous batch held
+    through ``next()`` and let go as ``batch`` is rebound. The caller's clock runs around the
+    rebinding assignment, so it counts ``next()`` and the release of the batch before; the step
+    is a sleep. Returns the stall (that time over the time since the first batch) and the
+    checksum of every batch."""
+    it = iter(batches)
+    batch = next(it)  # start-up, reported apart
+    total = checksum(batch)
+    waited = 0.0
+    first = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)  # the previous batch dies here, inside the clock
+        except StopIteration:
+            waited += time.perf_counter() - t0
+            break
+        waited += time.perf_counter() - t0
+        total += checksum(batch)
+        time.sleep(step_s)
+    elapsed = time.perf_counter() - first
+    del batch, it
+    return {"stall": waited / max(1e-9, elapsed), "checksum": total}
+
+
 class PeakPss:
     """Samples the proportional set size of this process and its children every 20 ms."""
 

@@ -40,6 +40,7 @@ this object), so dropping the iterator still shuts everything down through ``__d
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import threading
 import time
@@ -50,7 +51,6 @@ from typing import Any, Protocol
 from fastload._engine._deadline import MAX_BLOCK_S, Deadline
 from fastload._engine._engine import Engine
 from fastload._engine._messages import DONE, ERROR, FAILED, OK, Delivery
-from fastload._engine._wake import Waker
 from fastload._types import Counts
 
 _END = object()  # the index source is spent
@@ -62,6 +62,33 @@ _IDLE_POLL_MS = int(MAX_BLOCK_S * 1000)  # longest block; every wake re-checks w
 SLOW_STEP_S = 1e-3
 FAST_STEP_S = 0.3e-3
 _STEP_WEIGHT = 0.25  # weight of the newest step in the average
+
+
+class Waker:
+    """One non-blocking pipe the engine thread polls beside the workers' results:
+    :meth:`wake` from any thread, :attr:`fd` to poll, :meth:`drain` once woken."""
+
+    def __init__(self) -> None:
+        self.fd, self._write_fd = os.pipe()
+        for fd in (self.fd, self._write_fd):
+            os.set_blocking(fd, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed: stopping
+            os.write(self._write_fd, b"\0")
+
+    def drain(self) -> None:
+        """Read every pending wake (the poll said :attr:`fd` is readable)."""
+        with contextlib.suppress(OSError):
+            while os.read(self.fd, 4096):
+                pass
+
+    def close(self) -> None:
+        """Idempotent; a wake after it does nothing."""
+        for fd in (self.fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fd = self._write_fd = -1
 
 
 class IndexSource(Protocol):
