@@ -133,12 +133,6 @@ def fast(path: Path, plan: list[list[int]], workers: int, host_tuning: bool | No
     )
 
 
-def fast_untuned(path: Path, plan: list[list[int]], workers: int) -> Iterable[Any]:
-    """fastload with host tuning off (``_engine/_host.py``): the operating system places every
-    process, and the workers build every batch."""
-    return fast(path, plan, workers, host_tuning=False)
-
-
 def _in_ram(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with h5py.File(path, "r") as f:
         return f["tokens/values"][:], f["tokens/offsets"][:]
@@ -186,7 +180,6 @@ LOADERS: dict[str, Callable[[Path, list[list[int]], int], Iterable[Any]]] = {
     "flat": flat,
     "mmap_getitems": mmap_getitems,
     "fastload": fast,
-    "fastload_untuned": fast_untuned,
 }
 
 
