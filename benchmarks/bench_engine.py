@@ -139,20 +139,25 @@ def test_stall_fraction_at_a_fixed_step(corpus: Any, step_ms: int, capsys: Any, 
     sub = plan[:n]
     expected = run(in_ram_limit(path, sub))["checksum"]
     stalls: dict[str, list[float]] = {}
+    ends: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name in ("mmap_getitems", "fastload"):
             got = stall_as_users_loop(LOADERS[name](path, sub, 2), step_ms / 1000)
             assert got["checksum"] == expected, f"{name} returned different batches"
             stalls.setdefault(name, []).append(got["stall"])
+            ends.setdefault(name, []).append(got["end_s"])
     med = {k: float(np.median(v)) for k, v in stalls.items()}
-    rows = [[k, f"{v:.2%}", f"{min(stalls[k]):.2%}-{max(stalls[k]):.2%}"] for k, v in med.items()]
+    rows = [
+        [k, f"{v:.2%}", f"{min(stalls[k]):.2%}-{max(stalls[k]):.2%}", f"{np.median(ends[k]) * 1e3:.1f}"]
+        for k, v in med.items()
+    ]
     _report(
         f"stall-{step_ms}ms-{bench_size}",
-        {"stall": med, "rounds_stall": stalls, "batches": n, "rounds": rounds},
+        {"stall": med, "rounds_stall": stalls, "end_s": ends, "batches": n, "rounds": rounds},
         capsys,
         _table(
             f"stall fraction, {step_ms} ms step, 2 workers, the user's loop, caller's clock ({bench_size})",
-            ["loader", "stall", "range"],
+            ["loader", "stall", "range", "epoch's end ms"],
             rows,
         ),
     )
