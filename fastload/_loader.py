@@ -103,9 +103,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     * ``log_every_s``: log :meth:`stats` through the ``logging`` module (logger ``"fastload"``,
       level INFO) this often, and a summary at the end of each epoch.
     * ``progress=True``: a tqdm progress bar with samples/s and the stall fraction.
-    * ``host_tuning``: whether fastload arranges where and how its processes run (workers off
-      your loop's CPU, leaving workers at the lowest priority, the main process building a batch
-      while it would wait; see the README). ``None`` (default): the environment variable
+    * ``host_tuning``: whether a leaving worker drops to the lowest priority, so that its exit
+      does not compete with your loop (see the README). ``None`` (default): the environment variable
       ``FASTLOAD_HOST_TUNING`` decides (``0`` turns it off), else on. The batches are the same
       either way.
 

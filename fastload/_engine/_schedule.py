@@ -97,12 +97,6 @@ class Dispatcher:
         tasks.remove(task)
         return task
 
-    def held(self) -> list[tuple[int, Task]]:
-        """Every task in flight as ``(worker id, task)``, oldest sequence number first."""
-        held = [(wid, task) for wid, book in enumerate(self._books) for task in book.tasks]
-        held.sort(key=lambda pair: pair[1].seq)
-        return held
-
     def deactivate(self, worker_id: int) -> list[Task]:
         """The worker's iterable dataset is exhausted: it gets no more tasks, and the tasks it
         still holds produce nothing. Returns them, to be skipped."""
