@@ -1,4 +1,4 @@
-"""The engine: wires the pure bookkeeping (``_schedule``) to the worker processes (``_pool``).
+"""The engine: wires the pure bookkeeping (``_bookkeeping``) to the worker processes (``_pool``).
 
 Batches are tasks with sequence numbers; results come back in any order and leave in order
 through the reorder buffer. A worker that dies has its unfinished tasks re-dispatched to a fresh
@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastload._engine._bookkeeping import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 from fastload._engine._codec import Codec, GenericCodec
 from fastload._engine._deadline import Deadline
 from fastload._engine._messages import (
@@ -29,8 +30,7 @@ from fastload._engine._messages import (
     rebuild_exception,
 )
 from fastload._engine._pool import WorkerPool
-from fastload._engine._pools import Pool, PoolFactory, WorkerDied
-from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+from fastload._engine._pool_protocol import Pool, PoolFactory, WorkerDied
 from fastload._engine._worker import WorkerSpec
 from fastload._types import StorageCounts
 from fastload.errors import WorkerCrashedError

@@ -1,6 +1,6 @@
 """A worker pool without processes, for tests of the engine's and the pump's logic.
 
-:class:`FakePool` keeps the engine's :class:`~fastload._engine._pools.Pool` contract with no
+:class:`FakePool` keeps the engine's :class:`~fastload._engine._pool_protocol.Pool` contract with no
 process and no worker pipe: it records every message the engine sends to each worker, and the
 test decides what each worker replies, and when (:meth:`FakePool.reply`, :meth:`FakePool.fail`,
 :meth:`FakePool.die`), in any order. Each scripted event also writes a byte to one real pipe,
@@ -29,7 +29,7 @@ from typing import Any
 from fastload._engine._codec import GenericCodec
 from fastload._engine._engine import Engine
 from fastload._engine._messages import FAILED, OK, Kind, Reply, TaskMessage, WorkerFailure
-from fastload._engine._pools import WorkerDied
+from fastload._engine._pool_protocol import WorkerDied
 from fastload._engine._pump import IndexSource, Pump
 from fastload._types import Counts
 
@@ -97,7 +97,7 @@ class FakeClock:
 
 class FakePool:
     """The engine's pool, scripted by the test (see the module text). Built by the engine
-    through the :class:`~fastload._engine._pools.PoolFactory` signature; with a ``clock``, a
+    through the :class:`~fastload._engine._pool_protocol.PoolFactory` signature; with a ``clock``, a
     :meth:`wait` with nothing to report advances it instead of blocking."""
 
     def __init__(

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+from fastload._engine._bookkeeping import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 
 
 def _dispatcher(num_workers: int = 2, *, max_tasks: int = 4, in_order: bool = True) -> Dispatcher:
