@@ -55,6 +55,9 @@ def as_lengths(name: str, lengths: npt.ArrayLike) -> npt.NDArray[np.int64]:
     return result
 
 
+_FEW_TO_SAY = 32
+
+
 def uniform_lengths_message(
     lengths: npt.NDArray[np.int64],
     *,
@@ -66,8 +69,9 @@ def uniform_lengths_message(
     """What to tell the user when ``option`` (``length_grouped=True``, ``max_tokens=N``,
     ``pack_length=N``) gets nothing from the lengths of ``dataset`` (its type name), whose
     ``fields`` say where the lengths come from: all equal, so grouping by length groups
-    nothing (for packing: all 1, samples of one element each). ``None`` when they vary."""
-    if lengths.size < 2:
+    nothing (for packing: all 1, samples of one element each). ``None`` when they vary, and for
+    fewer than :data:`_FEW_TO_SAY` samples (a toy dataset's equal lengths mean nothing)."""
+    if lengths.size < _FEW_TO_SAY:
         return None
     first = int(lengths[0])
     if not bool((lengths == first).all()) or (packing and first != 1):

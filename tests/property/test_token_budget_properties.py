@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ class Ragged(torch.utils.data.Dataset[dict[str, Any]]):
         return {"tokens": np.full(int(self.lengths[i]), i + 1, dtype=np.int64)}
 
 
+@pytest.mark.filterwarnings("ignore::fastload.errors.UniformLengthsWarning")  # equal lengths may be drawn
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 120), min_size=1, max_size=120),
