@@ -278,7 +278,8 @@ class _BaseIterator(abc.ABC):
             self._shards.start(self._index_sampler.upcoming() if plans else None, _consumed_weakly(self))
 
     def _stop_shard_prefetch(self) -> None:
-        if self._shards.remote and os.getpid() == self._owner_pid:
+        shards = self.__dict__.get("_shards")  # absent where __init__ raised before making it
+        if shards is not None and shards.remote and os.getpid() == self._owner_pid:
             self._feed_storage()
             self._shards.stop()
 
