@@ -692,6 +692,8 @@ def _planned(batch_sampler: Any) -> bool:
 def _packs(batch_sampler: Any) -> bool:
     from fastload._sampling import PackedBatchSampler
 
+    if isinstance(batch_sampler, MixtureBatchSampler):  # a mixture packs with pack_length
+        return batch_sampler.pack_length is not None
     return isinstance(batch_sampler, PackedBatchSampler)
 
 

@@ -19,6 +19,14 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._sampling._base import GroupedBatchSamplerBase
+from fastload._sampling._mixpack import (
+    MIXTURE_SHARES,
+    PackedMixturePlan,
+    PackSettings,
+    compose_packed,
+    join_packed,
+    mixture_documents,
+)
 from fastload._sampling._mixture import (
     MIXTURE_POLICIES,
     MixturePlan,
@@ -33,6 +41,8 @@ from fastload._sampling._mixture import (
     remaining_streams,
 )
 from fastload._sampling._options import as_lengths, check_choice, check_int, check_optional_int
+from fastload._sampling._packed import _rows_per_batch
+from fastload._sampling._packplan import PACK_OVERSIZE_POLICIES
 from fastload._sampling._plan import STREAM_DRAW, epoch_rng
 from fastload._sampling._schedule import BatchSizeWarmup
 from fastload._sampling._shard import Cursor, per_rank_count, rank_positions
@@ -208,6 +218,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         proportions: Any,
         num_samples: int | None = None,
         exhausted: str = "repeat",
+        share: str | None = None,
+        pack_length: int | None = None,
         batch_size: int | None = None,
         max_tokens: int | None = None,
         shuffle: bool = True,
@@ -217,7 +229,7 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         num_replicas: int | None = None,
         rank: int | None = None,
         longest_first: bool = False,
-        oversize: str = "error",
+        oversize: str | None = None,
         window: int | None = 100,
         warmup: BatchSizeWarmup | None = None,
     ) -> None:
@@ -226,6 +238,19 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             raise ValueError("lengths must hold at least one dataset's length array; got none")
         self._weights = MixtureWeights(proportions, len(parts))
         self._policy = check_choice("exhausted", exhausted, MIXTURE_POLICIES)
+        seq_len = check_optional_int("pack_length", pack_length, minimum=1)
+        packed_oversize = "split"
+        if seq_len is not None:
+            _refuse_with_packing(pad_to_multiple_of=pad_to_multiple_of, longest_first=longest_first, warmup=warmup)
+            batch_size, max_tokens = _rows_per_batch(seq_len, batch_size, max_tokens), None
+            if oversize is not None:
+                packed_oversize = check_choice("oversize", oversize, PACK_OVERSIZE_POLICIES)
+            oversize = None
+        self._share = (
+            ("tokens" if seq_len is not None else "samples")
+            if share is None
+            else check_choice("share", share, MIXTURE_SHARES)
+        )
         super().__init__(
             np.concatenate(parts),
             batch_size=batch_size,
@@ -237,15 +262,30 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             num_replicas=num_replicas,
             rank=rank,
             longest_first=longest_first,
-            oversize=oversize,
+            oversize="error" if oversize is None else oversize,
             window=window,
             warmup=warmup,
         )
         sizes = np.array([part.size for part in parts], dtype=np.int64)
+        self._pack: PackSettings | None = None
+        if seq_len is not None:
+            documents, document_offsets = mixture_documents(parts, seq_len, packed_oversize)
+            self._pack = PackSettings(
+                documents=documents,
+                source_of=np.repeat(np.arange(len(parts), dtype=np.int64), np.diff(document_offsets)),
+                offsets=document_offsets,
+                rows=int(batch_size),  # type: ignore[arg-type]
+                seq_len=seq_len,
+                share=self._share,
+                oversize=packed_oversize,
+            )
+            self._kept = self._kept & (self._lengths > 0)  # an empty sample is in no row
+            self.wraps = False  # the last round of ranks gets batches of padding only
         self._offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
         self._offsets.flags.writeable = False
         if num_samples is None:
-            self._num_samples: int | None = int(sizes.sum()) if self._policy == "repeat" else None
+            per_epoch = int(sizes.sum()) if self._pack is None else self._pack.documents.size
+            self._num_samples: int | None = per_epoch if self._policy == "repeat" else None
         else:
             self._num_samples = check_int("num_samples", num_samples, minimum=0)
         self._members = [
@@ -305,6 +345,26 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         return int(self._offsets.size - 1)
 
     @property
+    def share(self) -> str:
+        """What the weights apportion: ``"samples"`` or ``"tokens"``."""
+        return self._share
+
+    @property
+    def pack_length(self) -> int | None:
+        """Tokens per packed row, or ``None`` for batches of whole samples."""
+        return None if self._pack is None else self._pack.seq_len
+
+    @property
+    def seq_len(self) -> int | None:
+        """With ``pack_length``: tokens per packed row (what a packing collate reads)."""
+        return self.pack_length
+
+    @property
+    def rows(self) -> int | None:
+        """With ``pack_length``: rows per packed batch."""
+        return None if self._pack is None else self._pack.rows
+
+    @property
     def exhausted(self) -> str:
         """The policy for a source that runs out: ``"repeat"``, ``"stop"`` or ``"renormalize"``."""
         return self._policy
@@ -358,7 +418,7 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         plan = self._plan(cursor.epoch, cursor.plan_replicas)
         reach = cursor.start + (cursor.consumed + done) * cursor.replicas
         samples, tokens = plan.totals(reach)
-        if reach > plan.num_batches:  # the last round's padding repeats the deal's first batches
+        if reach > plan.num_batches and self.wraps:  # the last round repeats the deal's first batches
             extra_samples, extra_tokens = plan.totals(
                 cursor.start + reach - plan.num_batches, cursor.start
             )
@@ -466,6 +526,13 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             "proportions": self._weights.identity(),
             "exhausted": self._policy,
             "draws": self._num_samples,
+            # absent at the defaults, so that earlier states still load
+            **({} if self._share == "samples" or self._pack is not None else {"share": self._share}),
+            **(
+                {}
+                if self._pack is None
+                else {"pack": [self._pack.seq_len, self._pack.rows, self._pack.oversize, self._share]}
+            ),
         }
 
     def _events_for(self, epoch: int) -> list[tuple[str, int, int]]:
@@ -510,25 +577,39 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         return last.step + count
 
     def _streams(self, epoch: int) -> Streams:
+        pack = self._pack
         return Streams(
-            members=self._members,
+            members=self._members
+            if pack is None
+            else [np.arange(pack.offsets[d], pack.offsets[d + 1], dtype=np.int64) for d in range(self.num_sources)],
             heads=[np.zeros(0, dtype=np.int64)] * self.num_sources,
             drawn=[0] * self.num_sources,
             seed=self._seed,
             epoch=epoch,
             shuffle=self._options.shuffle,
             passes=self._policy == "repeat",
-            offsets=self._offsets,
+            offsets=self._offsets if pack is None else pack.offsets,
         )
+
+    def _compose(
+        self,
+        weights: MixtureWeights,
+        streams: Streams,
+        segments: list[Segment],
+        position: int,
+        errors: list[float],
+        limit: float,
+        policy: str,
+    ) -> MixturePlan:
+        if self._pack is not None:
+            return compose_packed(self._pack, weights, streams, segments, position, errors, limit, policy)
+        return compose(self._settings, weights, streams, segments, position, errors, limit, policy)
 
     def _base_plan(self, epoch: int, plan_replicas: int, first_step: int) -> MixturePlan:
         weights = self._weights.with_changes([(s, w) for s, w, ep, _ in self._changes if ep < epoch])
         segments = [Segment(position=0, step=first_step, replicas=plan_replicas)]
         limit = math.inf if self._num_samples is None else self._num_samples
-        plan = compose(
-            self._settings, weights, self._streams(epoch), segments, 0,
-            [0.0] * self.num_sources, limit, self._policy,
-        )
+        plan = self._compose(weights, self._streams(epoch), segments, 0, [0.0] * self.num_sources, limit, self._policy)
         if self._options.longest_first and plan.num_batches > 1:
             plan = _largest_first(plan, plan_replicas)
         return plan
@@ -540,7 +621,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             return self._mixture_cache[1]
         plan = self._base_plan(epoch, plan_replicas, self._first_step(epoch))
         token_lengths = self._settings.token_lengths
-        if not self._drop_last:
+        evens = not self._drop_last and self._pack is None  # packing fills with padding batches
+        if evens:
             plan = even_out(plan, 0, plan_replicas, token_lengths, 0)
         changes = [(step, weights) for step, weights, ep, _ in self._changes if ep < epoch]
         deal_start = 0
@@ -558,18 +640,23 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
                 change_step, weights, _, _ = self._changes[value]
                 changes.append((change_step, weights))
                 streams = remaining_streams(plan, position, keep_tail=True)
-                delivered = int(plan.counts[:position].sum())
+                delivered = (
+                    int(plan.counts[:position].sum())
+                    if not isinstance(plan, PackedMixturePlan)
+                    else int(plan.stops[position - 1]) if position else 0  # documents
+                )
                 limit = math.inf if self._num_samples is None else self._num_samples - delivered
                 policy = self._policy
             segments = [*plan.segments, Segment(position=position, step=step, replicas=replicas)]
-            tail = compose(
-                self._settings, self._weights.with_changes(changes), streams, segments, position,
-                errors, limit, policy,
-            )
-            plan = join(plan, position, tail)
+            tail = self._compose(self._weights.with_changes(changes), streams, segments, position, errors, limit, policy)
+            if isinstance(plan, PackedMixturePlan):
+                assert isinstance(tail, PackedMixturePlan)
+                plan = join_packed(plan, position, tail)
+            else:
+                plan = join(plan, position, tail)
             if kind == "redeal":
                 deal_start = position
-            if not self._drop_last:
+            if evens:
                 plan = even_out(plan, deal_start, replicas, token_lengths, position)
         self._mixture_cache = (key, plan)
         return plan
@@ -591,10 +678,22 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             return
         cursor = self._current
         plan = self._plan(cursor.epoch, cursor.plan_replicas)
-        positions = rank_positions(plan.num_batches, cursor, self._rank, drop_last=self._drop_last)
+        positions = rank_positions(
+            plan.num_batches, cursor, self._rank, drop_last=self._drop_last, wrap=self.wraps
+        )
         done = stream.yielded
         stream._plan = plan
         stream._positions = stream._positions[:done] + positions[done:].tolist()
+
+
+def _refuse_with_packing(**options: Any) -> None:
+    """Options of unpacked batches that packed rows cannot honour, refused by name."""
+    for name, value in options.items():
+        if value not in (None, False):
+            raise ValueError(
+                f"{name}={value!r} does not apply with pack_length: packed rows are full "
+                f"sequences of pack_length tokens; leave {name} out"
+            )
 
 
 def _largest_first(plan: MixturePlan, replicas: int) -> MixturePlan:
