@@ -79,7 +79,7 @@ class PackedMixturePlan(MixturePlan):
         )
 
 
-def _active(raw: tuple[float, ...], has: list[bool], policy: str) -> list[float] | None:
+def active_weights(raw: tuple[float, ...], has: list[bool], policy: str) -> list[float] | None:
     """The weights a batch is filled by: ``raw``, or under ``"renormalize"`` and ``"drain"``
     those of the sources with documents left (``"drain"``: every such source, once no source
     with weight has any). ``None``: nothing is left to give."""
@@ -124,7 +124,7 @@ def compose_packed(
         step = segments[-1].step + (position - segments[-1].position) // segments[-1].replicas
         raw = weights.at(step)
         has = [bool(ahead[d]) or left[d] > 0 for d in range(size)]
-        active = _active(raw, has, policy)
+        active = active_weights(raw, has, policy)
         if active is None:
             break
         free = [seq_len] * rows
@@ -142,7 +142,7 @@ def compose_packed(
                     ended = True
                     break
                 has[chosen] = False
-                refreshed = _active(raw, has, policy)
+                refreshed = active_weights(raw, has, policy)
                 if refreshed is None:
                     ended = True
                     break
@@ -272,6 +272,7 @@ __all__ = [
     "MIXTURE_SHARES",
     "PackSettings",
     "PackedMixturePlan",
+    "active_weights",
     "compose_packed",
     "join_packed",
     "mixture_documents",

@@ -27,6 +27,7 @@ from fastload._sampling._mixpack import (
     join_packed,
     mixture_documents,
 )
+from fastload._sampling._mixtokens import compose_by_tokens
 from fastload._sampling._mixture import (
     MIXTURE_POLICIES,
     MixturePlan,
@@ -201,6 +202,22 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
     the default because in pretraining the weights are the experiment: it keeps them exact for
     the whole epoch, where ``"stop"`` shortens the epoch to the smallest source and
     ``"renormalize"`` silently shifts the mixture towards the largest sources at its end.
+
+    **Share** (``share``): ``"samples"`` (default) apportions each batch's samples as above;
+    ``"tokens"`` apportions their tokens: a batch is filled one sample at a time by the source
+    furthest behind its weights in tokens (its shortest sample left in the window), so over any
+    window of batches each source's tokens follow the weights within one sample at each end.
+
+    **Packing** (``pack_length``): batches are :class:`~fastload._types.PackedBatch` es of
+    ``batch_size`` rows (or ``max_tokens // pack_length``) of ``pack_length`` tokens, which
+    ``fastload.DataLoader(dataset, batch_sampler=...)`` collates as for its own
+    ``pack_length``. Each document goes to the source furthest behind its weights (by tokens,
+    the default here; ``share="samples"``: by documents), best-fit into the batch's rows
+    (``_mixpack.py``); ``oversize`` is ``"split"`` (default), ``"truncate"`` or ``"error"`` as
+    for :class:`~fastload.PackedBatchSampler`, and ``num_samples`` counts documents. The rows
+    are a function of the plan, so resume, ``set_proportions`` and a resize behave as without
+    packing; the last round of ranks gets batches of padding only. ``longest_first``,
+    ``pad_to_multiple_of`` and ``warmup`` do not apply.
 
     **Accounting.** :meth:`consumed` gives, per source, the samples and tokens delivered (on all
     ranks together) in the epoch and in the run; ``state_dict`` holds it.
@@ -603,6 +620,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
     ) -> MixturePlan:
         if self._pack is not None:
             return compose_packed(self._pack, weights, streams, segments, position, errors, limit, policy)
+        if self._share == "tokens":
+            return compose_by_tokens(self._settings, weights, streams, segments, position, errors, limit, policy)
         return compose(self._settings, weights, streams, segments, position, errors, limit, policy)
 
     def _base_plan(self, epoch: int, plan_replicas: int, first_step: int) -> MixturePlan:
