@@ -84,3 +84,13 @@ def test_the_loader_counts_delivered_tokens_per_source(token_file: Path) -> None
     assert int(sum(int((b["labels"] != -100).sum()) for b in got)) <= sum(per_source)
     assert all(isinstance(b["tokens"], torch.Tensor) for b in got)
     del it
+
+
+def test_pack_length_on_the_loader_takes_a_packing_mixture(token_file: Path) -> None:
+    own = _loader(token_file, 0).batch_sampler  # a sampler of its own: not shared by loaders
+    again = fastload.DataLoader(fastload.HDF5Dataset(str(token_file)), batch_sampler=own, pack_length=SEQ_LEN)
+    assert [_docs(b) for b in again] == [_docs(b) for b in _loader(token_file, 0)]
+    lengths = fastload.HDF5Dataset(str(token_file)).lengths
+    unpacked = fastload.MixtureBatchSampler([lengths[:150], lengths[150:]], proportions=[1, 1], batch_size=4)
+    with pytest.raises(ValueError, match=r"MixtureBatchSampler\(\.\.\., pack_length=64"):
+        fastload.DataLoader(fastload.HDF5Dataset(str(token_file)), batch_sampler=unpacked, pack_length=SEQ_LEN)
