@@ -315,7 +315,11 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             ):
                 raise ValueError(
                     f"dataset {d} has weight > 0 in proportions but no sample to give"
-                    + (" after oversize='skip'" if sizes[d] else "")
+                    + (
+                        (" after oversize='skip'" if self._pack is None else " (every one is empty)")
+                        if sizes[d]
+                        else ""
+                    )
                     + "; give it weight 0 or drop it from lengths"
                 )
         token_lengths = self._lengths

@@ -198,6 +198,8 @@ def test_options_that_packing_cannot_honour_are_refused() -> None:
     with pytest.raises(ValueError, match="oversize"):
         sampler(oversize="skip")
     assert sampler(batch_size=None, max_tokens=4 * SEQ_LEN).rows == 4
+    with pytest.raises(ValueError, match=r"dataset 1 has weight > 0 .* no sample to give \(every one is empty\)"):
+        MixtureBatchSampler([np.array([3, 4]), np.array([0, 0])], proportions=[1, 1], pack_length=8, batch_size=1)
 
 
 def test_a_packed_state_does_not_load_into_an_unpacked_mixture() -> None:
