@@ -9,8 +9,8 @@ each source is less than one sample's tokens ahead of its weights, so over any w
 batches within one sample at each end. Batches of a window come shortest first, as with a
 token budget by samples. Sources that run out follow the mixture's policy (``"repeat"``,
 ``"stop"``, ``"renormalize"``, and ``"drain"`` for the rest of an epoch re-dealt to other
-ranks). Cost: one Python step per sample, ``O(sources)`` each: about 3.5 µs, so 200,000
-samples of 5 sources plan in 0.7 s (by samples: 0.02 s).
+ranks). Cost: one Python step per sample, ``O(sources)`` each: about 2 µs, so 1 M samples
+of 5 sources plan in 1.9 s (by samples: 0.09 s; ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import numpy.typing as npt
 
 from fastload._sampling._mixpack import active_weights
 from fastload._sampling._mixture import (
@@ -78,7 +79,7 @@ def compose_by_tokens(
             amount = int(min(math.ceil(want * max(shares[d], 1e-3)), left[d]))
             taken = streams.take(d, amount) if amount > 0 else _EMPTY
             left[d] -= taken.size
-            chunks.append(sorted(taken.tolist(), key=lambda i: (padded[i], i)))
+            chunks.append(_by_length(taken, settings.padded))
         pointers = [0] * size
         made = 0
         while made < per_window and not ended and used < slot_limit:
@@ -101,8 +102,9 @@ def compose_by_tokens(
             longest = 0
             before = (list(pointers), list(errors), used)
             dry = False
+            turns = [d for d in range(size) if active[d] > 0]
             while len(batch) < row_cap and used < slot_limit:
-                chosen = min((d for d in range(size) if active[d] > 0), key=lambda d: (errors[d], d))
+                chosen = min(turns, key=errors.__getitem__)  # ties: the first source
                 if pointers[chosen] >= len(chunks[chosen]) and left[chosen] > 0:
                     if made:  # the window ran dry: this batch comes from fresh windows
                         dry = True
@@ -110,7 +112,7 @@ def compose_by_tokens(
                     more = int(min(max(8, len(chunks[chosen])), left[chosen]))
                     taken = streams.take(chosen, more)
                     left[chosen] -= taken.size
-                    chunks[chosen] += sorted(taken.tolist(), key=lambda i: (padded[i], i))
+                    chunks[chosen] += _by_length(taken, settings.padded)
                 if pointers[chosen] >= len(chunks[chosen]):  # the source ran out
                     if policy == "stop":
                         ended = True
@@ -121,6 +123,7 @@ def compose_by_tokens(
                         ended = True
                         break
                     active = again
+                    turns = [d for d in range(size) if active[d] > 0]
                     continue
                 sample = chunks[chosen][pointers[chosen]]
                 if budget is not None and batch and (len(batch) + 1) * max(longest, padded[sample]) > budget:
@@ -130,7 +133,7 @@ def compose_by_tokens(
                 counts[chosen] += 1
                 longest = max(longest, padded[sample])
                 unit = tokens_of[sample]
-                for d in range(size):
+                for d in turns:
                     errors[d] -= active[d] * unit
                 errors[chosen] += unit
                 used += 1
@@ -165,6 +168,11 @@ def compose_by_tokens(
         for d in range(size):
             streams.give_back(d, dropped[source == d])
     return _finish(settings, order, sizes, all_counts, all_errors, segments, streams)
+
+
+def _by_length(samples: npt.NDArray[np.int64], padded: npt.NDArray[np.int64]) -> list[int]:
+    """``samples`` by padded length, ties by index."""
+    return samples[np.lexsort((samples, padded[samples]))].tolist()
 
 
 def _step(segments: list[Segment], position: int) -> int:
