@@ -11,7 +11,7 @@ venv=${FASTLOAD_VENV:-.venv}
 py=${PYTHON:-python3}
 torch_version=2.13.0
 stamp="$venv/.fastload-setup"
-want=$(cat pyproject.toml requirements/test.txt fastload/_collate/_native.c fastload/_engine/_atomic.c \
+want=$(cat pyproject.toml requirements/test.txt fastload/_collate/_native.c \
     fastload/_sampling/_binpack.c | cksum)
 
 setup() {

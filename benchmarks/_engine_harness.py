@@ -133,12 +133,6 @@ def fast(path: Path, plan: list[list[int]], workers: int, host_tuning: bool | No
     )
 
 
-def fast_untuned(path: Path, plan: list[list[int]], workers: int) -> Iterable[Any]:
-    """fastload with host tuning off (``_engine/_host.py``): the operating system places every
-    process, and the workers build every batch."""
-    return fast(path, plan, workers, host_tuning=False)
-
-
 def _in_ram(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with h5py.File(path, "r") as f:
         return f["tokens/values"][:], f["tokens/offsets"][:]
@@ -186,7 +180,6 @@ LOADERS: dict[str, Callable[[Path, list[list[int]], int], Iterable[Any]]] = {
     "flat": flat,
     "mmap_getitems": mmap_getitems,
     "fastload": fast,
-    "fastload_untuned": fast_untuned,
 }
 
 
@@ -233,6 +226,32 @@ def run(batches: Iterable[Any], step_s: float = 0.0) -> dict[str, float]:
         "first_batch_s": first,
         "checksum": total,
     }
+
+
+def stall_as_users_loop(batches: Iterable[Any], step_s: float) -> dict[str, float]:
+    """The loop as users write it: ``for batch in loader: step(batch)``, the previous batch held
+    through ``next()`` and let go as ``batch`` is rebound. The caller's clock runs around the
+    rebinding assignment, so it counts ``next()`` and the release of the batch before; the step
+    is a sleep. Returns the stall (that time over the time from the first batch to the last),
+    the epoch's end (the ``next()`` that raised ``StopIteration``, once per epoch, apart, as
+    the start-up is) and the checksum of every batch."""
+    it = iter(batches)
+    batch = next(it)  # start-up, reported apart
+    total = checksum(batch)
+    waited = 0.0
+    first = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)  # the previous batch dies here, inside the clock
+        except StopIteration:
+            end = time.perf_counter()
+            break
+        waited += time.perf_counter() - t0
+        total += checksum(batch)
+        time.sleep(step_s)
+    del batch, it
+    return {"stall": waited / max(1e-9, t0 - first), "end_s": end - t0, "checksum": total}
 
 
 class PeakPss:

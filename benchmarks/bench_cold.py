@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 import fastload
-from fastload._metrics._cli import evict_files
+from fastload._apps._bench._cli import evict_files
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise and mincore")
 

@@ -39,8 +39,8 @@ import h5py
 import numpy as np
 import pytest
 
-from fastload._convert._convert import convert
-from fastload._convert._options import ConvertOptions
+from fastload._apps._convert._convert import convert
+from fastload._apps._convert._convert_options import ConvertOptions
 
 SIZES = {"smoke": (8_000_000, 3), "full": (100_000_000, 3)}  # input bytes, rounds
 

@@ -13,6 +13,7 @@ Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_engine.py -s --size ful
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from _engine_harness import (
     in_ram_limit,
     in_ram_per_sample,
     run,
+    stall_as_users_loop,
     write_corpus,
 )
 
@@ -62,7 +64,6 @@ _CONFIGS = [
     ("flat", 2),
     ("mmap_getitems", 0),
     ("mmap_getitems", 2),
-    ("fastload_untuned", 2),
     ("fastload", 2),
 ]
 
@@ -130,21 +131,35 @@ def test_throughput_against_torch_dataloader(corpus: Any, benchmark: Any, capsys
 
 @pytest.mark.parametrize("step_ms", [2, 10, 50])
 def test_stall_fraction_at_a_fixed_step(corpus: Any, step_ms: int, capsys: Any, bench_size: str) -> None:
+    """The stall in the loop as users write it (the previous batch held through ``next()``,
+    let go as ``batch`` is rebound), from the caller's clock
+    (``_engine_harness.stall_as_users_loop``)."""
     path, plan, rounds = corpus
     n = max(10, min(len(plan), int(1.5 / (step_ms / 1000)))) if bench_size == "full" else 10
     sub = plan[:n]
+    expected = run(in_ram_limit(path, sub))["checksum"]
     stalls: dict[str, list[float]] = {}
+    ends: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name in ("mmap_getitems", "fastload"):
-            got = run(LOADERS[name](path, sub, 2), step_s=step_ms / 1000)
+            got = stall_as_users_loop(LOADERS[name](path, sub, 2), step_ms / 1000)
+            assert got["checksum"] == expected, f"{name} returned different batches"
             stalls.setdefault(name, []).append(got["stall"])
+            ends.setdefault(name, []).append(got["end_s"])
     med = {k: float(np.median(v)) for k, v in stalls.items()}
-    rows = [[k, f"{v:.2%}"] for k, v in med.items()]
+    rows = [
+        [k, f"{v:.2%}", f"{min(stalls[k]):.2%}-{max(stalls[k]):.2%}", f"{np.median(ends[k]) * 1e3:.1f}"]
+        for k, v in med.items()
+    ]
     _report(
         f"stall-{step_ms}ms-{bench_size}",
-        {"stall": med, "batches": n, "rounds": rounds},
+        {"stall": med, "rounds_stall": stalls, "end_s": ends, "batches": n, "rounds": rounds},
         capsys,
-        _table(f"stall fraction, {step_ms} ms step, 2 workers ({bench_size})", ["loader", "stall"], rows),
+        _table(
+            f"stall fraction, {step_ms} ms step, 2 workers, the user's loop, caller's clock ({bench_size})",
+            ["loader", "stall", "range", "epoch's end ms"],
+            rows,
+        ),
     )
 
 
@@ -253,4 +268,106 @@ def test_next_of_a_ready_batch(corpus: Any, step_ms: int, capsys: Any, bench_siz
             ["loader", "median us", "p90 us", "vs floor", "stall"],
             rows,
         ),
+    )
+
+
+def _per_call_s(action: Any, calls: int) -> float:
+    """The median over 5 repeats of ``action()``'s seconds per call."""
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(calls):
+            action()
+        times.append((time.perf_counter() - started) / calls)
+    return float(np.median(times))
+
+
+def test_where_the_consumers_time_per_batch_goes(corpus: Any, capsys: Any, bench_size: str) -> None:
+    """A model of the consuming process's time per batch on the fast path: each piece timed
+    alone on real objects (the arena, the codec, a batch a builder wrote, a pipe), beside the
+    consumer's whole CPU time per batch in a real 2-worker run at step 0 (the rest is the
+    engine's, the pump's and the iterator's Python, and the meter)."""
+    import select
+
+    from fastload._engine._arena import SlotArena
+    from fastload._engine._builder import SlotBuilder
+    from fastload._engine._slots import SlotCodec, decode_reply
+    from fastload._engine._transport import write_frame
+    from fastload._metrics._meter import StallMeter
+    from fastload._types import Counts
+
+    path, plan, _ = corpus
+    calls = 2000 if bench_size == "full" else 50
+    dataset = LOADERS["fastload"](path, plan[:1], 0).dataset
+    collate = LOADERS["fastload"](path, plan[:1], 0).collate_fn
+    arena = SlotArena(slot_bytes=1 << 20, slots=8, max_bytes=1 << 28)
+    codec = SlotCodec(arena)
+    builder = SlotBuilder(dataset, collate, os.getpid())
+    indices = plan[0]
+    task = codec.task(indices)
+    message = codec.task_message(0, 0, task)
+    _, _, seen = builder.task_message(message)
+    reply = builder.result_bytes((0, 0, 0, builder.build(seen), 0.0, None, None))
+    payload = decode_reply(reply).payload
+    pieces: dict[str, float] = {}
+
+    def task_and_message() -> None:
+        made = codec.task(indices)
+        codec.task_message(0, 1, made)
+        codec.drop(made)
+
+    pieces["slot for a task, its message (slot bookkeeping)"] = _per_call_s(task_and_message, calls)
+    r, w = os.pipe()
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+
+    def pipes() -> None:
+        write_frame(w, message)
+        os.read(r, 1 << 16)
+        os.write(w, reply)
+        poller.poll(0)
+        os.read(r, 1 << 16)
+
+    pieces["sending the task, receiving the reply (system calls)"] = _per_call_s(pipes, calls)
+    pieces["decoding the reply"] = _per_call_s(lambda: decode_reply(reply), calls)
+
+    def views() -> None:
+        made = codec.task(indices)
+        batch, _ = codec.deliver(made, payload)  # the worker counted it (payload.counts)
+        del batch  # let go: the slot is taken in by the next task()
+
+    pieces["tensor views of the slot, let go"] = _per_call_s(views, calls) - pieces[
+        "slot for a task, its message (slot bookkeeping)"
+    ] / 2
+    meter = StallMeter()
+    counts = Counts(64, 1000, 2000)
+
+    def meter_record() -> None:
+        entry = meter.record(time.perf_counter(), *counts)
+        entry[0] = time.perf_counter()
+
+    pieces["the meter"] = _per_call_s(meter_record, calls)
+    os.close(r)
+    os.close(w)
+    arena.close()
+    # The whole: the consumer's own CPU per batch, at step 0 (its thread only; no checksum).
+    whole = []
+    for _ in range(3):
+        it = iter(LOADERS["fastload"](path, plan, 2))
+        next(it)
+        cpu0, n = time.thread_time(), 0
+        for batch in it:
+            n += 1
+            del batch
+        whole.append((time.thread_time() - cpu0) / max(1, n))
+    whole_s = float(np.median(whole))
+    rest = whole_s - sum(pieces.values())
+    rows = [[k, f"{v * 1e6:.1f}", f"{v / whole_s:.0%}"] for k, v in pieces.items()]
+    rows.append(["the rest: engine, pump, iterator (Python)", f"{rest * 1e6:.1f}", f"{rest / whole_s:.0%}"])
+    rows.append(["the consumer's CPU per batch, 2 workers, step 0", f"{whole_s * 1e6:.1f}", "100%"])
+    _report(
+        f"consumer-cost-{bench_size}",
+        {"pieces_s": pieces, "whole_s": whole_s},
+        capsys,
+        _table(f"the consumer's time per batch, fast path ({bench_size})", ["piece", "us", "share"], rows),
     )

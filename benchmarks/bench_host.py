@@ -1,13 +1,14 @@
-"""Does each host-tuning mechanism pay? fastload with every mechanism on, against every one on
-but the one measured (``_engine/_host.py``: workers off the consumer's CPU, main-process builds,
-leaving workers at nice 19), and against all of them off.
+"""Does each host-tuning mechanism pay? fastload as it ships against fastload without the one
+mechanism measured: a leaving worker's nice 19 (``_engine/_host.py``), and the pump's engine
+thread for a slow consumer and its inline driver for a fast one (``_engine/_pump.py``). (The
+engine thread's wake-up written while holding the GIL, through ``ctypes``, was measured here
+too, at a 2 ms step's stall: 1.16, quartiles 0.83-1.88, n = 12; it went.)
 
 What it isolates: the same fresh-loader runs as ``bench_engine.py``'s fastload row (a plan of
 batches of 64 from 200,000 token sequences, ``num_workers=2``), paired: each pair runs both
 settings back to back in alternating order, and the figure is the median of the per-pair
-ratios "without / with" (below 1: the mechanism pays), with its quartiles. Two measures: the
-samples/s of a whole fresh run, and, for the exiting workers' priority, the time of the next
-epoch's start and of an epoch's last ``next()`` when epochs follow each other.
+ratios "without / with" with its quartiles (throughput: below 1, the mechanism pays; times and
+stalls: above 1, it pays), beside the medians of each setting.
 
 Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_host.py -s -p no:cacheprovider --size full``
 """
@@ -17,15 +18,16 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _engine_harness import LOADERS, batch_plan, checksum, run, write_corpus
+from _engine_harness import LOADERS, batch_plan, checksum, run, stall_as_users_loop, write_corpus
 
-from fastload._engine._host import HostPolicy, WorkerHost
+from fastload._engine import _pump
+from fastload._engine._host import WorkerHost
 
 SIZES = {"smoke": (8_000, 40, 1), "full": (200_000, 1_000, 24)}  # samples, batches, pairs
 
@@ -40,27 +42,31 @@ def corpus(tmp_path_factory: pytest.TempPathFactory, bench_size: str) -> tuple[P
 
 @contextlib.contextmanager
 def _without(mechanism: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every host-tuning mechanism on but ``mechanism`` ("all": every one off)."""
+    """fastload as it ships but ``mechanism``."""
     with monkeypatch.context() as patch:
-        if mechanism == "placement":
-            patch.setattr(HostPolicy, "consumer_core", lambda self: None)
-        elif mechanism == "main builds":
-            patch.setattr(HostPolicy, "main_builds", property(lambda self: False))
-        elif mechanism == "nice on exit":
+        if mechanism == "nice on exit":
             patch.setattr(WorkerHost, "leave", lambda self: None)
-        elif mechanism == "all":
-            patch.setenv("FASTLOAD_HOST_TUNING", "0")
+        elif mechanism == "engine thread":  # next() drives, however slow the step
+            patch.setattr(_pump, "FAST_STEP_S", float("inf"))
+            patch.setattr(_pump, "SLOW_STEP_S", float("inf"))
+        elif mechanism == "inline driver":  # the thread drives, however fast the step
+            patch.setattr(_pump, "FAST_STEP_S", -1.0)
+            patch.setattr(_pump, "SLOW_STEP_S", -1.0)
         yield
 
 
-def _paired(pairs: int, measure: Any) -> list[float]:
-    """``measure(without)`` for both settings per pair, in alternating order; the ratios."""
-    ratios = []
+def _paired(pairs: int, measure: Callable[[bool], float]) -> tuple[list[float], dict[bool, list[float]]]:
+    """``measure(without)`` for both settings per pair, in alternating order: the ratios
+    without / with, and each setting's figures."""
+    ratios: list[float] = []
+    seen: dict[bool, list[float]] = {False: [], True: []}
     for k in range(pairs):
         order = (False, True) if k % 2 else (True, False)
         got = {without: measure(without) for without in order}
         ratios.append(got[True] / got[False])
-    return ratios
+        for without, value in got.items():
+            seen[without].append(value)
+    return ratios, seen
 
 
 def _summary(ratios: list[float]) -> str:
@@ -91,21 +97,39 @@ def _epoch_ends(path: Path, plan: list[list[int]]) -> tuple[float, float]:
     return float(np.mean(starts)), float(np.mean(ends))
 
 
+@pytest.mark.timeout(1800)  # the full size runs for minutes
 def test_each_host_tuning_mechanism_pays(
     corpus: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], bench_size: str
 ) -> None:
     path, plan, pairs = corpus
     rows: list[list[str]] = []
     result: dict[str, Any] = {}
-    for mechanism in ("all", "placement", "main builds"):
 
-        def throughput(without: bool, mechanism: str = mechanism) -> float:
+    def add(mechanism: str, measure: str, unit: str, ratios: list[float], seen: dict[bool, list[float]]) -> None:
+        result[f"{mechanism}: {measure}"] = {"ratios": ratios, "without": seen[True], "with": seen[False]}
+        rows.append(
+            [mechanism, measure, _summary(ratios), f"{np.median(seen[True]):{unit}}", f"{np.median(seen[False]):{unit}}"]
+        )
+
+    def throughput(mechanism: str) -> Callable[[bool], float]:
+        def measure(without: bool) -> float:
             with _without(mechanism, monkeypatch) if without else contextlib.nullcontext():
                 return run(LOADERS["fastload"](path, plan, 2))["samples_per_s"]
 
-        ratios = _paired(pairs, throughput)
-        result[mechanism] = ratios
-        rows.append([mechanism, "samples/s of a fresh run", _summary(ratios)])
+        return measure
+
+    def stall(mechanism: str, step_s: float) -> Callable[[bool], float]:
+        sub = plan[: max(10, min(len(plan), int(1.0 / step_s)))] if bench_size == "full" else plan[:10]
+
+        def measure(without: bool) -> float:
+            with _without(mechanism, monkeypatch) if without else contextlib.nullcontext():
+                return stall_as_users_loop(LOADERS["fastload"](path, sub, 2), step_s)["stall"]
+
+        return measure
+
+    add("inline driver", "samples/s of a fresh run", ",.0f", *_paired(pairs, throughput("inline driver")))
+    stall_pairs = max(1, pairs // 2)
+    add("engine thread", "stall, 10 ms step", ".2%", *_paired(stall_pairs, stall("engine thread", 0.010)))
 
     epochs_plan = plan[: max(10, len(plan) // 5)]
     timings: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
@@ -115,18 +139,19 @@ def test_each_host_tuning_mechanism_pays(
             timings[without].append(_epoch_ends(path, epochs_plan))
         return timings[without][-1][0]
 
-    ratios = _paired(pairs, ends)
-    last = [b[1] / a[1] for a, b in zip(timings[False], timings[True], strict=True)]
-    result["nice on exit"] = {"start": ratios, "end": last}
-    rows.append(["nice on exit", "a later epoch's start", _summary(ratios)])
-    rows.append(["nice on exit", "an epoch's last next()", _summary(last)])
+    ratios, seen = _paired(pairs, ends)
+    add("nice on exit", "a later epoch's start, s", ".4f", ratios, seen)
+    last = {w: [t[1] for t in timings[w]] for w in (False, True)}
+    add("nice on exit", "an epoch's last next(), s", ".4f", [b / a for a, b in zip(last[False], last[True], strict=True)], last)
+
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / f"host-{bench_size}.json").write_text(json.dumps(result, indent=2))
-    widths = [max(len(r[i]) for r in [["without", "measure", "without / with"], *rows]) for i in range(3)]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    header = ["without", "measure", "without / with", "without", "with"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"  # noqa: E731
     with capsys.disabled():
         print(f"\nhost tuning, paired ratios without / with, median (quartiles), n={pairs} ({bench_size})")
-        print("| " + " | ".join(h.ljust(w) for h, w in zip(["without", "measure", "without / with"], widths, strict=True)) + " |")
+        print(line(header))
         print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        print("\n".join(lines))
+        print("\n".join(line(r) for r in rows))

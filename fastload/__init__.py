@@ -9,7 +9,7 @@ from fastload import errors
 from fastload._collate import MicroBatch, PackCollate, PadCollate, split_microbatches
 from fastload._doctor import doctor
 from fastload._formats import ArrowDataset, HDF5Dataset
-from fastload._loader import DataLoader
+from fastload._loader._dataloader import DataLoader
 from fastload._metrics import (
     BatchSizeReport,
     LoaderStats,

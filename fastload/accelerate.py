@@ -22,7 +22,7 @@ from fastload._integrations._deps import require
 
 require("accelerate", "fastload.accelerate")
 
-from fastload._loader import DataLoader  # noqa: E402
+from fastload._loader._dataloader import DataLoader  # noqa: E402
 
 
 def prepare(accelerator: Any, loader: DataLoader[Any]) -> DataLoader[Any]:

@@ -40,7 +40,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dir", default=None, help="where to write the dataset (default: a temp dir)")
 
     def run(args: argparse.Namespace) -> int:
-        from fastload._demo import run_demo
+        from fastload._apps._demo import run_demo
 
         return run_demo(
             samples=args.samples,
@@ -61,17 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastload {fastload.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
-    from fastload._convert._cli import add_convert_parser, add_inspect_parser
+    from fastload._apps._convert._cli import add_convert_parser, add_inspect_parser
 
     add_convert_parser(sub)
     add_inspect_parser(sub)
-    from fastload._convert._index_cli import add_index_parser
+    from fastload._apps._convert._index_cli import add_index_parser
 
     add_index_parser(sub)
-    from fastload._metrics._cli import add_bench_parser
+    from fastload._apps._bench._cli import add_bench_parser
 
     add_bench_parser(sub)
-    from fastload._doctor._cli import add_doctor_parser
+    from fastload._apps._doctor_cli import add_doctor_parser
 
     add_doctor_parser(sub)
     return parser

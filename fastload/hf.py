@@ -42,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from fastload._capabilities import reads_batches  # noqa: E402
 from fastload._collate import PackCollate  # noqa: E402
 from fastload._integrations._causal import CausalLMCollate  # noqa: E402
-from fastload._loader import DataLoader  # noqa: E402
+from fastload._loader._dataloader import DataLoader  # noqa: E402
 from fastload._sampling import LengthGroupedBatchSampler, PackedBatchSampler  # noqa: E402
 
 #: The file, in each checkpoint folder, that holds the training loader's ``state_dict()``.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from fastload._convert._cli import convert_main
+from fastload._apps._convert._cli import convert_main
 
 if __name__ == "__main__":  # the guard matters: --workers spawns processes that import this file
     sys.exit(convert_main())

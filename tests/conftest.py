@@ -3,9 +3,8 @@ dumps all stacks (pytest-timeout + faulthandler), tests that need CUDA are skipp
 is none, and fastload's local cache (decoded Parquet copies) is a temporary directory, never the
 user's. Also the fixtures that unit and integration tests share.
 
-The suite runs with host tuning as the environment says (``FASTLOAD_HOST_TUNING``; CI runs the
-integration tests both ways); a test marked ``host_tuned`` checks one of its mechanisms and
-runs with it on whatever the environment says."""
+The suite runs with host tuning as the environment says (``FASTLOAD_HOST_TUNING``); a test
+marked ``host_tuned`` checks its mechanism and runs with it on whatever the environment says."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from fastload._collate._checks import (
 )
 from fastload._collate._columnar import samples_to_columnar
 from fastload._collate._kernels import pack_into
-from fastload._collate._pack_plan import PieceColumns, check_plan, next_fit, piece_columns
+from fastload._collate._pack_pieces import PieceColumns, check_plan, next_fit, piece_columns
 from fastload._collate._pack_source import PackedColumns, PackedSource
 from fastload._protocols import ALIGN, Built, Layout, OneCallBuilder, TooLarge
 from fastload._types import Column, Counts, Field, PackedBatch, Ragged, Spans

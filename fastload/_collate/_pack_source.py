@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from fastload._capabilities import DatasetCapabilities, has_lengths, resolve_dataset
 from fastload._collate._columnar import samples_to_columnar
-from fastload._collate._pack_plan import check_plan, piece_columns
+from fastload._collate._pack_pieces import check_plan, piece_columns
 from fastload._types import Column, Field, PackedBatch, Ragged, Spans
 from fastload.errors import DataFormatError
 

@@ -43,15 +43,7 @@ KERNELS = (
         "packing kernel (fastload._sampling._binpack)",
         "planning a packed epoch (pack_length=) takes about 100x as long",
     ),
-    (
-        "fastload._engine._atomic",
-        "compare-and-swap extension (fastload._engine._atomic)",
-        "the main process never builds a batch its workers have not started while it waits",
-    ),
 )
-
-#: Remote shards a worker keeps open at most (``_formats/_remote_reads.py``).
-_OPEN_REMOTE_SHARDS = 8
 
 _kernels_warned = False
 
@@ -150,7 +142,7 @@ def plan(loader: Any, *, full: bool) -> Plan:
     per worker."""
     from fastload._engine._main_guard import start_method
     from fastload._formats._base import ShardedDataset
-    from fastload._formats._remote_reads import RemoteShards
+    from fastload._formats._remote_reads import MAX_OPEN_REMOTE_SHARDS, RemoteShards
 
     dataset = loader.dataset
     workers = int(loader.num_workers)
@@ -165,7 +157,7 @@ def plan(loader: Any, *, full: bool) -> Plan:
         shards = len(dataset.shard_sizes)
     cache = dataset.shard_cache_plan() if isinstance(dataset, RemoteShards) else None
     if cache is not None:
-        shards = min(shards, _OPEN_REMOTE_SHARDS)
+        shards = min(shards, MAX_OPEN_REMOTE_SHARDS)
     plain = dataset is not None and not iterable and not own.reads_batches
     batches: int | None = None
     if not iterable:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fastload._doctor._census import Census
 from fastload._doctor._findings import Finding, Severity
 from fastload._doctor._system import MemoryLimit
+from fastload.errors import DISTRIBUTION
 
 #: A rough figure for one worker's own memory (interpreter, torch, reader buffers).
 WORKER_BYTES = 150 << 20
@@ -77,8 +78,8 @@ def kernels(missing: list[tuple[str, str]]) -> list[Finding]:
         Severity.WARNING,
         f"fastload was installed without its C kernels, so numpy/Python fallbacks do their work: {what}",
         "install a C compiler (gcc; build-essential and python3-dev on Debian/Ubuntu) and "
-        "reinstall fastload from source (pip install --force-reinstall --no-deps --no-binary "
-        "fastload fastload, or pip install -e . in a checkout)",
+        f"reinstall fastload from source (pip install --force-reinstall --no-deps --no-binary "
+        f"{DISTRIBUTION} {DISTRIBUTION}, or pip install -e . in a checkout)",
     )]
 
 

@@ -9,15 +9,22 @@ against the container's memory limit, which the preflight checks).
 A segment holds regular slots of one size, ``slot_bytes`` apart. A slot is *free*, *reserved*
 for a task, or *exported* to the consumer as tensors viewing it; it becomes free again only when
 the last tensor viewing it is garbage-collected (a weak reference with a callback on the numpy
-array under all the views), so a consumer that keeps a batch can never see it overwritten. Each
-regular slot ends in a claim word (``_claims.py``) after its ``capacity`` bytes for the batch. A
-batch larger than that gets a temporary segment of its own.
+array under all the views), so a consumer that keeps a batch can never see it overwritten. A
+batch larger than a regular slot gets a temporary segment of its own.
 
 The regular size may change while the arena lives (:meth:`SlotArena.resize`, when the batches
 that come turn out larger than the slots): the segments of the old size are then *retired*. Their
 slots are never handed out again, and each retired segment is freed once its last slot is back.
 Segment ids only grow, so :attr:`SlotArena.live_from`, the first id of the current size, tells a
 worker which of the segments it has mapped it may unmap.
+
+NOTE [letting a batch go]: the last view of a slot dies on the consumer's thread, as the loop
+rebinds ``batch`` (after ``next()`` returned, where no meter sees it), so the weak reference's
+callback does O(1) work with no lock and no system call: it asks a page-locked slot's device
+for a fence and appends the reference to ``_returned`` (a deque: one append under the GIL).
+Whoever next needs the arena's counts or a slot (:meth:`SlotArena.reserve`, on whichever thread
+dispatches; the statistics; :meth:`SlotArena.close`) takes the returned slots in under the lock.
+Nothing is woken: the engine finds the slot when it next dispatches.
 
 NOTE [pending copies]: a slot page-locked for a device may still be read by a copy the consumer
 queued from it (``x.to("cuda", non_blocking=True)`` returns before the copy runs). So when the
@@ -46,7 +53,6 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from fastload._engine._claims import CLAIM_BYTES
 from fastload._protocols import ALIGN
 from fastload.errors import SharedMemoryError
 
@@ -64,6 +70,18 @@ _CLOSING: set[SlotArena] = set()
 # mapped and page-locked for the life of the process rather than be reused under a copy.
 _ABANDONED: list[_Segment] = []
 
+# This process's id, kept current across fork without a system call per batch (a forked child's
+# copy of an arena fences nothing).
+_PID = os.getpid()
+
+
+def _forked() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 def align(n: int, to: int = ALIGN) -> int:
     return -(-n // to) * to
@@ -77,14 +95,8 @@ class SlotRef(NamedTuple):
     fd: int  # the segment's descriptor number in the main process
     size: int  # the segment's size in bytes
     offset: int  # the slot's byte offset in the segment
-    capacity: int  # the bytes a batch may use (a regular slot's claim word follows them)
+    capacity: int  # the bytes a batch may use
     temporary: bool = False  # a one-off slot for an oversize batch: unmapped after use
-
-    @property
-    def claim_at(self) -> int:
-        """Where in its segment the slot's claim word lies (``_claims.py``): right after the
-        bytes a batch may use."""
-        return self.offset + self.capacity
 
 
 def available_memory_bytes() -> int | None:
@@ -143,7 +155,6 @@ class _Segment:
     def __init__(self, seg_id: int, size: int, pin: SlotDevice | None) -> None:
         self.id = seg_id
         self.size = size
-        self.array: np.ndarray | None = None  # the whole segment, for the main process's builds
         self.fd = _anonymous_file(size)
         try:
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -162,7 +173,6 @@ class _Segment:
         return self._unpin is not None
 
     def close(self) -> None:
-        self.array = None
         if self._unpin is not None:
             self._unpin()
         os.close(self.fd)
@@ -180,7 +190,7 @@ class SlotArena:
     slot that was never exported. ``temporary(nbytes)`` makes a one-off slot for an oversize batch;
     ``resize(capacity)`` changes the size of the regular slots handed out from then on.
     ``slot_bytes`` is the stride of regular slots: their ``capacity`` for a batch (at least the
-    ``slot_bytes`` asked for) plus the claim word; 0 until the first ``resize`` where the arena
+    ``slot_bytes`` asked for, in whole pages); 0 until the first ``resize`` where the arena
     was made with no slots (its batches' size not yet known). ``slots`` is how many regular
     slots each size starts with. Thread-safe: a finalizer may run on any thread.
     """
@@ -192,16 +202,16 @@ class SlotArena:
         self._pid = os.getpid()  # a forked child's copy of the arena fences nothing
         self.max_bytes = max_bytes
         self._slots = max(1, slots)
-        # Reentrant: a finalizer freeing a slot may run in the middle of arena code (a garbage
-        # collection triggered by an allocation made under the lock).
+        # Reentrant: a garbage collection triggered by an allocation made under the lock may
+        # run a closed arena's callback, which takes it.
         self._lock = threading.RLock()
-        #: Called (outside the lock, on whatever thread dropped the batch) after a batch's slot
-        #: is freed by the garbage collector: the engine thread may dispatch into it.
-        self.on_release: Callable[[], None] | None = None
         self._segments: dict[int, _Segment] = {}
         # id() of each exported slot's weak reference -> (that reference, the slot); the
-        # reference's callback frees the slot.
+        # reference's callback returns the slot (NOTE [letting a batch go]).
         self._exports: dict[int, tuple[weakref.ref[np.ndarray], SlotRef]] = {}
+        # Weak references of exported slots whose last view died, with their fences (None:
+        # none needed), not yet taken in (NOTE [letting a batch go]).
+        self._returned: deque[tuple[weakref.ref[np.ndarray], Any]] = deque()
         self._free: deque[SlotRef] = deque()
         # Slots whose last view died while copies from them may be pending, with their fences,
         # oldest first (NOTE [pending copies]).
@@ -213,8 +223,8 @@ class SlotArena:
         self._closed = False
         self._sized = 0  # regular slots of the current size
         self.live_from = 0  # regular segments below this id are retired
-        self.exported = 0  # slots currently viewed by consumer tensors
-        self.held = 0  # slots reserved for a task or viewed by the consumer, temporary ones too
+        self._exported = 0  # slots currently viewed by consumer tensors
+        self._held = 0  # slots reserved for a task or viewed by the consumer, temporary ones too
         self.slot_bytes = 0
         if slot_bytes > 0:
             self._set_size(slot_bytes)
@@ -224,7 +234,7 @@ class SlotArena:
     @staticmethod
     def stride(capacity: int) -> int:
         """The bytes a regular slot holding ``capacity`` bytes of batch takes in a segment."""
-        return align(capacity + CLAIM_BYTES, _PAGE)
+        return align(capacity, _PAGE)
 
     def _set_size(self, capacity: int) -> None:
         self.slot_bytes = self.stride(capacity)
@@ -249,7 +259,7 @@ class SlotArena:
     def _grow(self, slots: int) -> None:
         seg = self._new_segment(self.slot_bytes * slots)
         for k in range(slots):
-            ref = SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes - CLAIM_BYTES)
+            ref = SlotRef(seg.id, seg.fd, seg.size, k * self.slot_bytes, self.slot_bytes)
             self._free.append(ref)
         self._sized += slots
 
@@ -260,12 +270,39 @@ class SlotArena:
     @property
     def capacity(self) -> int:
         """The bytes a batch may use in a regular slot handed out now (0: none yet)."""
-        return max(0, self.slot_bytes - CLAIM_BYTES)
+        return self.slot_bytes
 
     @property
     def in_use(self) -> int:
         """Slots reserved for a task or viewed by the consumer (temporary slots included)."""
-        return self.held
+        with self._lock:
+            self._take_returned_locked()
+            return self._held
+
+    @property
+    def exported(self) -> int:
+        """Slots the consumer's tensors still view."""
+        with self._lock:
+            self._take_returned_locked()
+            return self._exported
+
+    @property
+    def held(self) -> int:
+        """As :attr:`in_use`."""
+        return self.in_use
+
+    def _take_returned_locked(self) -> None:
+        """Take in the slots whose last view died (NOTE [letting a batch go]): free, or
+        fencing while copies from them may be pending."""
+        returned = self._returned
+        while returned:
+            watch, fence = returned.popleft()
+            _, ref = self._exports.pop(id(watch))
+            self._exported -= 1
+            if fence is not None:
+                self._fencing.append((fence, ref))  # freed where slots are handed out
+            elif not self._closed:
+                self._release_locked(ref)
 
     def resize(self, capacity: int) -> None:
         """Regular slots handed out from now on hold ``capacity`` bytes of batch; the slots of
@@ -295,7 +332,9 @@ class SlotArena:
     @property
     def fencing(self) -> int:
         """Slots no tensor views any more that wait for the copies queued from them."""
-        return len(self._fencing)
+        with self._lock:
+            self._take_returned_locked()
+            return len(self._fencing)
 
     def reserve(self) -> SlotRef:
         """A free slot, for a task. Slots whose copies have completed are freed first; where
@@ -304,6 +343,7 @@ class SlotArena:
         waited = False
         while True:
             with self._lock:
+                self._take_returned_locked()
                 self._reclaim_locked()
                 fencing = self._fencing
                 if self._free or not fencing or waited:
@@ -338,13 +378,13 @@ class SlotArena:
                 )
                 raise SharedMemoryError(
                     f"all {self._sized} batch slots of {self.slot_bytes / 2**20:.2f} MiB "
-                    f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self.exported} of "
+                    f"({self._bytes / 2**20:.1f} MiB in all) are in use, {self._exported} of "
                     f"them by batches the consumer still holds{copying}, and growing past "
                     f"{self.max_bytes / 2**20:.1f} MiB (max_shared_bytes) is not allowed. "
                     "Keep fewer batches alive, or .clone() the tensors you keep."
                 )
             self._grow(grow)
-        self.held += 1
+        self._held += 1
         return self._free.popleft()
 
     def temporary(self, nbytes: int, batch: str = "a batch") -> SlotRef:
@@ -365,7 +405,7 @@ class SlotArena:
                 )
             seg = self._new_segment(size)
             self._temporary_ids.add(seg.id)
-            self.held += 1
+            self._held += 1
         return SlotRef(seg.id, seg.fd, seg.size, 0, size, temporary=True)
 
     def release(self, ref: SlotRef) -> None:
@@ -374,7 +414,7 @@ class SlotArena:
                 self._release_locked(ref)
 
     def _release_locked(self, ref: SlotRef) -> None:
-        self.held -= 1
+        self._held -= 1
         if ref.temporary:
             self._temporary_ids.discard(ref.segment)
             self._close_segment(ref.segment)
@@ -388,23 +428,6 @@ class SlotArena:
         else:
             self._free.append(ref)
 
-    def memory(self, ref: SlotRef) -> mmap.mmap:
-        """The main process's map of the segment holding ``ref`` (for its claim word)."""
-        return self._segments[ref.segment].mm
-
-    def segment(self, ref: SlotRef) -> np.ndarray:
-        """The whole segment holding ``ref`` as a writable uint8 array, for a batch built in the
-        main process (the slot starts at ``ref.offset``); as :meth:`WorkerSlots.segment`, so
-        that a builder takes either. Made once per segment and dropped when the segment
-        closes."""
-        seg = self._segments[ref.segment]
-        if seg.array is None:
-            seg.array = np.frombuffer(seg.mm, dtype=np.uint8)
-        return seg.array
-
-    def forget(self, segment: int) -> None:
-        """As :meth:`WorkerSlots.forget`: nothing to do, the arena owns its segments."""
-
     def export(self, ref: SlotRef, nbytes: int) -> np.ndarray:
         """A writable uint8 array over the first ``nbytes`` of the slot; the slot is freed when
         the array (and every view of it, numpy or torch) is garbage-collected."""
@@ -415,34 +438,26 @@ class SlotArena:
         arr = np.frombuffer(seg.mm, dtype=np.uint8, count=nbytes, offset=ref.offset)
         watch = weakref.ref(arr, self._on_collected)
         with self._lock:
-            self.exported += 1
+            self._exported += 1
             self._exports[id(watch)] = (watch, ref)
         return arr
 
     def _on_collected(self, watch: weakref.ref[np.ndarray]) -> None:
-        with self._lock:
-            self.exported -= 1
-            _, ref = self._exports.pop(id(watch))
-            fence = self._fence(ref)
-            if fence is not None:
-                self._fencing.append((fence, ref))  # freed where slots are handed out
-            closed = self._closed
-            if not closed and fence is None:
-                self._release_locked(ref)
-        if closed:
-            if not self.exported:  # the last view of a closed arena
+        # On the consumer's thread as it lets a batch go: O(1), no lock, no system call
+        # (NOTE [letting a batch go]).
+        fence = None
+        if self._pin is not None:
+            _, ref = self._exports[id(watch)]
+            seg = self._segments.get(ref.segment)
+            if seg is not None and seg.pinned and self._pid == _PID:
+                fence = self._pin.fence()
+        self._returned.append((watch, fence))
+        if self._closed:  # read after the append: close() takes in whatever it found before
+            with self._lock:
+                self._take_returned_locked()
+                last = not self._exported
+            if last:  # the last view of a closed arena
                 self._free_pinned()
-        elif self.on_release is not None:
-            self.on_release()
-
-    def _fence(self, ref: SlotRef) -> Any:
-        """A fence after the copies that may be queued from ``ref``, or ``None`` where none can
-        be (a pageable slot, or a forked child's copy of the arena)."""
-        seg = self._segments.get(ref.segment)
-        if seg is None or not seg.pinned or os.getpid() != self._pid:
-            return None
-        assert self._pin is not None
-        return self._pin.fence()
 
     def close(self) -> None:
         """Free every segment (call after the workers are gone). Slots still viewed by consumer
@@ -452,7 +467,8 @@ class SlotArena:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
+            self._closed = True  # before taking in: see _on_collected
+            self._take_returned_locked()
             # Copied first: a view collected meanwhile (an allocation may run the collector)
             # changes both.
             out = [*self._exports.values(), *self._fencing]
@@ -463,7 +479,7 @@ class SlotArena:
                     seg.close()
             self._free.clear()
             # Not the weak references: a batch collected after close still counts itself out.
-            last = not self.exported
+            last = not self._exported
             if self._segments and not last:
                 _CLOSING.add(self)
         if last:
@@ -478,7 +494,7 @@ class SlotArena:
             fences = [fence for fence, _ in self._fencing]
             self._fencing.clear()
             _CLOSING.discard(self)
-        if not segments or os.getpid() != self._pid:
+        if not segments or self._pid != _PID:
             return
         assert self._pin is not None
         for fence in fences:

@@ -3,14 +3,12 @@
 The builder reads the task's samples in one call, asks the collate for the output layout, and
 pads into the slot; or, where the collate offers one (``fastload._protocols.OneCallBuilder``),
 builds the whole batch in one native call. It also reads and writes the two per-batch messages
-in their binary form (``_slots.py``). In the main process, given the arena, the same builder
-builds the batches the main process takes over (``_claims.py``).
+in their binary form (``_slots.py``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import pickle
 import time
 from collections.abc import Callable
@@ -19,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from fastload._capabilities import Capabilities, resolve
-from fastload._engine import _claims as claims
-from fastload._engine._arena import SlotArena, SlotRef, WorkerSlots
+from fastload._engine._arena import SlotRef, WorkerSlots
 from fastload._engine._messages import OK, Reply, TaskMessage
 from fastload._engine._sizing import plan_layout
 from fastload._engine._slots import REPLY, TASK, UNKNOWN, SlotBatch, SlotTask
@@ -42,22 +39,20 @@ def batch_reader(dataset: Any, capabilities: Capabilities) -> Any:
 
 
 class SlotBuilder:
-    """Builds one batch into its slot (a worker's ``fetcher``, or the main process's, given the
-    arena as ``slots``)."""
+    """Builds one batch into its slot (a worker's ``fetcher``)."""
 
     def __init__(
         self,
         dataset: Any,
         collate: Any,
         main_pid: int,
-        slots: SlotArena | None = None,
         capabilities: Capabilities | None = None,
     ) -> None:
         self.dataset = dataset
         self.collate = collate
         self.capabilities = resolve(dataset, collate) if capabilities is None else capabilities
         self.last_read_s = 0.0  # seconds the last build spent reading (for stats)
-        self._slots: WorkerSlots | SlotArena = WorkerSlots(main_pid) if slots is None else slots
+        self._slots = WorkerSlots(main_pid)
         self._read: Any = None  # looked up on the first build, in the process that builds
         self._one_call: OneCallBuilder | None = None
         self._one_call_tried = False  # decided once, at the first build (or one_call())
@@ -68,19 +63,10 @@ class SlotBuilder:
         a pickled message."""
         if is_pickle(data):
             return pickle.loads(data)
-        _, epoch, seq, *slot, ticket, live_from = TASK.unpack_from(data)
+        _, epoch, seq, *slot, live_from = TASK.unpack_from(data)
         raw = data[TASK.size :]
-        if isinstance(self._slots, WorkerSlots):
-            self._slots.retire_below(live_from)
-        return TaskMessage(epoch, seq, SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw, ticket))
-
-    def claim(self, task: SlotTask) -> bool:
-        """Take ``task`` before building it (``_claims.py``): ``False`` when the main process
-        has built it already, and this worker must drop it without a reply."""
-        if not task.ticket:
-            return True
-        slot = task.slot
-        return claims.claim(self._slots.segment(slot), slot.claim_at, task.ticket, claims.WORKER)
+        self._slots.retire_below(live_from)
+        return TaskMessage(epoch, seq, SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw))
 
     @staticmethod
     def result_bytes(reply: Reply) -> bytes:
@@ -124,8 +110,7 @@ class SlotBuilder:
                     return built
             return self._build_general(task)
         finally:
-            if isinstance(self._slots, WorkerSlots):
-                self._slots.done_with(slot)
+            self._slots.done_with(slot)
 
     def _build_general(self, task: SlotTask) -> SlotBatch | TooLarge:
         started = time.perf_counter()
@@ -160,22 +145,4 @@ class SlotBuilder:
         return SlotBatch(described, objects, nbytes, counts)
 
 
-def main_builder(
-    dataset: Any, collate: Any, capabilities: Capabilities
-) -> Callable[[SlotArena], SlotBuilder | None]:
-    """What makes, given the arena, the builder with which the main process may build a batch
-    itself while it would wait for a worker (``_claims.py``): one that builds the one-call
-    batches, and any batch of a reader and a collate that both say their output is the same in
-    any process (``fastload._protocols``); ``None`` where neither applies. (Never with a
-    ``worker_init_fn``, which may change what a worker's dataset reads: the caller sees to
-    that.)"""
-    general = capabilities.dataset.process_independent_reads and capabilities.collate.process_independent
-
-    def make(arena: SlotArena) -> SlotBuilder | None:
-        builder = SlotBuilder(dataset, collate, os.getpid(), slots=arena, capabilities=capabilities)
-        return builder if general or builder.one_call() else None
-
-    return make
-
-
-__all__ = ["SlotBuilder", "batch_reader", "main_builder"]
+__all__ = ["SlotBuilder", "batch_reader"]

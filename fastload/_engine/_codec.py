@@ -33,19 +33,9 @@ class Codec(Protocol):
     def result_message(self, data: bytes) -> Reply:
         """A worker's reply from its bytes (the inverse of what the worker's builder wrote)."""
 
-    #: Whether :meth:`take_over` can ever take a task.
-    takes_over: bool
-
-    def take_over(self, index: Any) -> Any:
-        """Build the task in the main process if its worker has not started it (its worker then
-        drops it): ``None`` when not taken, else the payload a worker would have sent, or
-        ``RESEND`` (taken, but a worker must build it)."""
-
 
 class GenericCodec:
     """The generic path: the payload is the batch itself."""
-
-    takes_over = False
 
     def deliver(self, index: Any, payload: Any) -> tuple[Any, Counts | None]:
         return payload, planned_counts(index)
@@ -62,6 +52,3 @@ class GenericCodec:
     def result_message(self, data: bytes) -> Reply:
         reply: Reply = loads(data)
         return reply
-
-    def take_over(self, index: Any) -> Any:
-        return None

@@ -1,11 +1,9 @@
-"""The engine: wires the pure bookkeeping (``_schedule``) to the worker processes (``_pool``).
+"""The engine: wires the pure bookkeeping (``_bookkeeping``) to the worker processes (``_pool``).
 
 Batches are tasks with sequence numbers; results come back in any order and leave in order
 through the reorder buffer. A worker that dies has its unfinished tasks re-dispatched to a fresh
 worker, so each batch is delivered exactly once, in order; a batch that keeps killing workers
 ends the epoch with :class:`~fastload.errors.WorkerCrashedError` instead of respawning forever.
-Where the codec can, the main process builds a task no worker has started instead of waiting
-for it (:meth:`Engine.help`).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fastload._engine._bookkeeping import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 from fastload._engine._codec import Codec, GenericCodec
 from fastload._engine._deadline import Deadline
 from fastload._engine._messages import (
@@ -31,9 +30,7 @@ from fastload._engine._messages import (
     rebuild_exception,
 )
 from fastload._engine._pool import WorkerPool
-from fastload._engine._pools import Pool, PoolFactory, WorkerDied
-from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
-from fastload._engine._slots import RESEND
+from fastload._engine._pool_protocol import Pool, PoolFactory, WorkerDied
 from fastload._engine._worker import WorkerSpec
 from fastload._types import StorageCounts
 from fastload.errors import WorkerCrashedError
@@ -83,7 +80,6 @@ class Engine:
         self.busy_total_s = 0.0  # all workers' busy seconds, retired ones included
         self.storage: StorageCounts | None = None  # the workers' reads of remote storage
         self.retries = 0  # tasks re-dispatched after their worker died
-        self.main_batches = 0  # batches the main process built itself (help)
         self._closed = False
         self._max_tasks_per_worker = max_tasks // num_workers
         start_pool: PoolFactory = pool or functools.partial(
@@ -144,34 +140,8 @@ class Engine:
         self._dispatch.assign(wid, task)
         self._pool.send(wid, self._codec.task_message(self.epoch, task.seq, task.index))
 
-    @property
-    def helps(self) -> bool:
-        """Whether :meth:`help` can ever build a batch (the codec takes tasks over)."""
-        return self._codec.takes_over
-
-    def help(self) -> bool:
-        """Build here the oldest task in flight that no worker has started, instead of waiting
-        for it (for a caller about to block). ``True`` when a task was taken: built (it is then
-        in the reorder buffer, as if its worker had sent it), or sent again to be built by a
-        worker (one this process cannot build, or an oversize one, with a bigger slot)."""
-        codec = self._codec
-        for wid, task in self._dispatch.held():
-            payload = codec.take_over(task.index)
-            if payload is None:
-                continue
-            self._dispatch.complete(task.seq)
-            if payload is RESEND:
-                self._send(wid, task)
-            else:
-                self.main_batches += 1
-                self._accept(wid, task, payload)
-                if self._dispatch.retirements:  # its worker will skip it: it may be done
-                    self._leave_if_drained(wid)
-            return True
-        return False
-
     def _accept(self, wid: int, task: Task, payload: Any) -> None:
-        """A task's batch was built (by worker ``wid`` or for it): queue it for delivery, or
+        """A task's batch was built by worker ``wid``: queue it for delivery, or
         send the task to ``wid`` again when the codec asks for another try."""
         again = self._codec.retry(task.index, payload)
         if again is None:

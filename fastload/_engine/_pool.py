@@ -45,7 +45,7 @@ from typing import Any
 
 from fastload._engine._main_guard import check_main_guard
 from fastload._engine._messages import Reply
-from fastload._engine._pools import WorkerDied
+from fastload._engine._pool_protocol import WorkerDied
 from fastload._engine._reaper import join_or_kill, reap, track
 from fastload._engine._transport import dumps_task, loads, take_frames, write_frame
 from fastload._engine._worker import WorkerSpec, worker_main
@@ -84,7 +84,7 @@ def _close_ends(*ends: list[int]) -> None:
 
 
 class WorkerPool:
-    """The :class:`~fastload._engine._pools.Pool` of processes: starts ``num_workers`` of them
+    """The :class:`~fastload._engine._pool_protocol.Pool` of processes: starts ``num_workers`` of them
     from ``make_spec(worker_id)`` (all in parallel) and moves messages: :meth:`send` to one
     worker, :meth:`wait` for results and deaths of all.
 

@@ -5,9 +5,7 @@ Two drivers of one state machine:
 
 * **Inline** (the consumer steps fast, under ``FAST_STEP_S``): ``next()`` itself sends the next
   task and takes what the workers have finished. No second thread competes for the GIL, which
-  on a small machine costs more than the work it would hide. Where nothing has arrived and the
-  engine can help, ``next()`` builds a task no worker has started itself instead of blocking
-  (:meth:`~fastload._engine._engine.Engine.help`).
+  on a small machine costs more than the work it would hide.
 * **Threaded** (the consumer steps slowly, over ``SLOW_STEP_S``: a GPU step, a sleep): the
   thread ``fastload-pump`` does the same work while the consumer is away, so ``next()`` only
   takes a finished batch off a queue: after a long step everything ``next()`` touches is cold,
@@ -41,6 +39,8 @@ this object), so dropping the iterator still shuts everything down through ``__d
 
 from __future__ import annotations
 
+import contextlib
+import os
 import select
 import threading
 import time
@@ -48,21 +48,47 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from fastload._engine._deadline import Deadline
-from fastload._engine._drivers import drive_inline, run_thread
+from fastload._engine._deadline import MAX_BLOCK_S, Deadline
 from fastload._engine._engine import Engine
 from fastload._engine._messages import DONE, ERROR, FAILED, OK, Delivery
-from fastload._engine._wake import Waker
 from fastload._types import Counts
 
 _END = object()  # the index source is spent
 _DONE = Delivery(DONE, None, None)
+_IDLE_POLL_MS = int(MAX_BLOCK_S * 1000)  # longest block; every wake re-checks worker liveness
 
 #: The consumer's average step (seconds between taking a batch and asking for the next) above
 #: which the thread takes over, and below which the consumer drives again.
 SLOW_STEP_S = 1e-3
 FAST_STEP_S = 0.3e-3
 _STEP_WEIGHT = 0.25  # weight of the newest step in the average
+
+
+class Waker:
+    """One non-blocking pipe the engine thread polls beside the workers' results:
+    :meth:`wake` from any thread, :attr:`fd` to poll, :meth:`drain` once woken."""
+
+    def __init__(self) -> None:
+        self.fd, self._write_fd = os.pipe()
+        for fd in (self.fd, self._write_fd):
+            os.set_blocking(fd, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed: stopping
+            os.write(self._write_fd, b"\0")
+
+    def drain(self) -> None:
+        """Read every pending wake (the poll said :attr:`fd` is readable)."""
+        with contextlib.suppress(OSError):
+            while os.read(self.fd, 4096):
+                pass
+
+    def close(self) -> None:
+        """Idempotent; a wake after it does nothing."""
+        for fd in (self.fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fd = self._write_fd = -1
 
 
 class IndexSource(Protocol):
@@ -112,19 +138,18 @@ class Pump:
         self.waited_s = 0.0
         self._park = threading.Condition(threading.Lock())
         self._waker = Waker()
-        self._inline_poll: tuple[int, list[int], select.poll] | None = None  # (_drivers.py)
-        self._helps = engine.helps  # next() builds rather than block, where it can
-        self._waiting = False  # the consumer is blocked on _cond (threaded)
-        self._thread = threading.Thread(target=run_thread, args=(self,), name="fastload-pump", daemon=True)
+        self._inline_poll: tuple[int, list[int], select.poll] | None = None  # see _inline_poller
+        self._thread = threading.Thread(target=self._run_thread, name="fastload-pump", daemon=True)
         self._started = False
         self._follow_pace()  # inline, unless the thresholds say otherwise (tests set them)
 
     # -- the consumer's side ------------------------------------------------------------------
     def grant(self, n: int = 1) -> None:
         """Allow ``n`` more tasks to be dispatched (inline: dispatch them). While threaded, a
-        single grant does not wake the thread: the consumer is about to drop its previous batch, and :meth:`nudge` (called
-        when a slot is freed) wakes it outside ``next()``; a second pending grant (a consumer
-        that holds its batches) or a consumer about to wait does."""
+        single grant does not wake the thread: a worker's next result does, or, where no task
+        is in flight, the thread's own poll within half a step (:meth:`_idle_poll_ms`); a
+        second pending grant (a consumer that holds its batches) or a consumer about to wait
+        does."""
         self._granted += n
         if not self._threaded:
             # Inline: send it now, not at the next next(): the worker builds while the
@@ -136,11 +161,6 @@ class Pump:
                     except BaseException as exc:  # as _guarded: the consumer raises it
                         self._halt(exc)
         elif self._sleeping and self._granted - self._used >= 2:
-            self._wake()
-
-    def nudge(self) -> None:
-        """A slot was freed: wake the thread if it has a grant to use."""
-        if self._threaded and self._sleeping and self._granted > self._used:
             self._wake()
 
     def take(self, _clock: Callable[[], float] = time.perf_counter) -> Delivery:
@@ -170,7 +190,7 @@ class Pump:
             item = ready.popleft()
         else:
             try:
-                item = self._get_threaded() if threaded else drive_inline(self)
+                item = self._get_threaded() if threaded else self._drive_inline()
             except BaseException:
                 self._taken_at = _clock()
                 raise
@@ -230,43 +250,19 @@ class Pump:
                 self._wake()
         deadline = Deadline(self._timeout_s)
         while True:
-            # Nothing is ready: build a batch no worker has started rather than wait for one.
-            helped = self._helps and self._help()
             with self._cond:
                 if ready:
                     return ready.popleft()
                 if self._ended:  # the epoch's last item was taken: nothing will come
                     return _DONE
-                if helped:
-                    continue
                 if not self._thread.is_alive():
                     raise RuntimeError("the DataLoader's engine thread stopped unexpectedly")
                 wait_s = deadline.block_s()
                 blocked_at = time.perf_counter()
-                self._waiting = True  # the thread wakes us when it sends a task we could build
                 self._cond.wait(wait_s)
-                self._waiting = False
                 self.waited_s += time.perf_counter() - blocked_at
                 if ready:
                     return ready.popleft()
-
-    def _help(self) -> bool:
-        """Build, on the consumer's thread, a batch no worker has started
-        (:meth:`Engine.help`), and queue what may now be delivered; ``True`` when a task was
-        taken (or the attempt raised: the error is queued)."""
-        with self.lock:
-            if self._halted or self._stop:
-                return False
-            try:
-                helped = self._engine.help()
-            except BaseException as exc:  # as _guarded: the consumer raises it
-                self._halt(exc)
-                return True
-            if helped:
-                self._guarded(self._collect, None, -1)  # and whatever arrived meanwhile
-            else:
-                self._helps = self._engine.helps  # it may have found it never can
-            return helped
 
     def new_epoch(self, source: IndexSource) -> None:
         """Start over on the same workers with a new index source; batches of the old epoch not
@@ -302,6 +298,105 @@ class Pump:
     def _wake(self) -> None:
         self._waker.wake()
 
+    # -- the two drivers -----------------------------------------------------------------------
+    def _drive_inline(self) -> Delivery:
+        """Drive the engine on this thread until the next item is ready: send what the grants
+        allow, then one poll (at once when results are waiting) and take what it found."""
+        deadline = Deadline(self._timeout_s)
+        ready_items = self._ready
+        while True:
+            if ready_items:
+                return ready_items.popleft()
+            with self.lock:
+                if self._stop:
+                    raise RuntimeError("the DataLoader's engine was closed")
+                if not self._halted and (self._granted > self._used or self._spent):
+                    self._guarded(self._dispatch)  # grant() dispatched the rest already
+                halted = self._halted
+                if not halted:
+                    generation, fds = self._engine.watch()
+            if ready_items:
+                return ready_items.popleft()
+            if halted:  # the epoch's DONE or ERROR was taken already
+                return _DONE
+            wait_ms = max(1, int(deadline.block_s() * 1000))
+            poller = self._inline_poller(generation, fds)
+            blocked_at = time.perf_counter()
+            try:
+                ready = poller.poll(wait_ms)
+            except InterruptedError:
+                ready = []
+            self.waited_s += time.perf_counter() - blocked_at
+            if ready:
+                with self.lock:
+                    if not self._halted:
+                        self._guarded(self._collect, ready, generation)
+
+    def _inline_poller(self, generation: int, fds: list[int]) -> select.poll:
+        cached = self._inline_poll
+        if cached is None or cached[0] != generation or cached[1] != fds:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            cached = self._inline_poll = (generation, fds, poller)
+        return cached[2]
+
+    def _run_thread(self) -> None:
+        """The engine thread (``fastload-pump``): parked while the consumer drives, else
+        :meth:`_drive_thread`."""
+        while True:
+            with self._park:
+                while not self._threaded and not self._stop:
+                    self._park.wait()
+            if self._stop or not self._drive_thread():
+                return
+
+    def _drive_thread(self) -> bool:
+        """The thread's loop while it drives; ``False`` once stopped, ``True`` when parked."""
+        poller: select.poll | None = None
+        watched: list[int] = []
+        generation = -1
+        ready: list[tuple[int, int]] | None = None  # what the last poll found; None: poll again
+        while True:
+            with self.lock:
+                if self._stop:
+                    return False
+                if not self._threaded:
+                    return True  # the consumer drives now; what was polled is its to read
+                if not self._halted:
+                    self._guarded(self._step, ready, generation)
+                if self._halted:
+                    fds: list[int] = []
+                else:
+                    generation, fds = self._engine.watch()
+                more = self._granted > self._used and not self._spent and not self._halted
+                # Nothing in flight: no worker's result will wake the thread for a grant.
+                idle = self._engine.in_flight == 0 and not self._spent and not self._halted
+            ready = None
+            if fds != watched or poller is None:
+                poller, watched = select.poll(), fds
+                for fd in (*fds, self._waker.fd):
+                    poller.register(fd, select.POLLIN)
+            if more:
+                continue  # a grant arrived while working: use it before blocking
+            self._sleeping = True
+            events: list[tuple[int, int]] = []
+            if self._granted <= self._used or self._spent or self._halted:
+                with contextlib.suppress(InterruptedError):
+                    events = poller.poll(self._idle_poll_ms() if idle else _IDLE_POLL_MS)
+            self._sleeping = False
+            ready = [event for event in events if event[0] != self._waker.fd]
+            if len(ready) < len(events):
+                self._waker.drain()
+            if not events:
+                ready = None  # timed out, or a grant slipped in: poll the workers afresh
+
+    def _idle_poll_ms(self) -> int:
+        """How long the thread sleeps with no task in flight: half the consumer's step, so that
+        the grant of a batch taken meanwhile is dispatched well before the batches queued ahead
+        run out, and the consumer never has to wake the thread (a system call in ``next()``)."""
+        return max(1, min(_IDLE_POLL_MS, int(self._step_s * 500)))
+
     # -- the work, under lock, by either driver -----------------------------------------------
     def _guarded(self, work: Callable[..., None], *args: Any) -> None:
         try:
@@ -331,9 +426,6 @@ class Pump:
                 self._spent = True
             else:
                 engine.put(index)
-                if self._waiting:  # a consumer blocked in next() may build this one
-                    with self._cond:
-                        self._cond.notify()
         if self._spent:
             self._finish_if_done()
 

@@ -10,10 +10,6 @@ The two messages sent once per batch have a binary form of their own (the rest, 
 pickles): a task is ``b"T"``, the header and the indices' raw bytes; a built batch is ``b"R"``,
 a header and the pickled array descriptor. Both are a few struct calls where a pickle of the
 same objects costs several microseconds at each end.
-
-While the consumer would wait, the main process may build a task no worker has started itself
-(:meth:`SlotCodec.take_over`); a ticket in each task and a claim word in each slot make sure
-exactly one of them does (``_claims.py``).
 """
 
 from __future__ import annotations
@@ -22,32 +18,24 @@ import functools
 import math
 import pickle
 import struct
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from fastload._engine import _claims as claims
 from fastload._engine._arena import SlotArena, SlotRef
 from fastload._engine._messages import OK, Reply
 from fastload._engine._sizing import BatchBytes, SlotSizing
 from fastload._protocols import TooLarge
 from fastload._types import Counts, StorageCounts
 
-# b"T", epoch, seq, the SlotRef's six fields, the ticket (see _claims.py), the arena's live_from,
-# then the int64 indices.
-TASK = struct.Struct("<cqqqqqqq?qq")
+# b"T", epoch, seq, the SlotRef's six fields, the arena's live_from, then the int64 indices.
+TASK = struct.Struct("<cqqqqqqq?q")
 # b"R", epoch, seq, nbytes, rows, real tokens, padded tokens (-1: unknown), busy_s, read_s
 # (NaN: unknown), the StorageCounts (waited_s NaN: none), then the pickled (arrays, objects).
 REPLY = struct.Struct("<cqqqqqqdddqqq")
 UNKNOWN = -1
 _PICKLE = b"\x80"  # what a pickle starts with (see _transport.is_pickle)
-
-#: What :meth:`SlotCodec.take_over` returns for a task it took but cannot build in the main
-#: process (a worker will, and say what is wrong): the engine sends it again.
-RESEND = object()
-
 
 class SlotTask:
     """A fast-path task: the batch's sample indices and the slot reserved for it. Iterates and
@@ -55,18 +43,14 @@ class SlotTask:
 
     ``indices`` is what the sampler gave (a list of ints, most often) in the main process, and
     an int64 array in the worker; ``raw`` is them as int64 bytes, made once (and checked) when
-    the task is made. ``ticket`` is the claim ticket of its latest sending (0: none, the worker
-    builds it unconditionally; see ``_claims.py``); ``claimable`` is ``False`` once the main
-    process found it cannot build the task itself."""
+    the task is made."""
 
-    __slots__ = ("claimable", "indices", "raw", "slot", "ticket")
+    __slots__ = ("indices", "raw", "slot")
 
-    def __init__(self, indices: Any, slot: SlotRef, raw: bytes | None = None, ticket: int = 0) -> None:
+    def __init__(self, indices: Any, slot: SlotRef, raw: bytes | None = None) -> None:
         self.indices = indices
         self.slot = slot
         self.raw = index_bytes(indices) if raw is None else raw
-        self.ticket = ticket
-        self.claimable = True
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -76,11 +60,11 @@ class SlotTask:
         return iter(indices.tolist() if isinstance(indices, np.ndarray) else indices)
 
     def __reduce__(self) -> Any:
-        return _slot_task, (self.raw, tuple(self.slot), self.ticket)
+        return _slot_task, (self.raw, tuple(self.slot))
 
 
-def _slot_task(raw: bytes, slot: tuple[Any, ...], ticket: int = 0) -> SlotTask:
-    return SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw, ticket)
+def _slot_task(raw: bytes, slot: tuple[Any, ...]) -> SlotTask:
+    return SlotTask(np.frombuffer(raw, dtype=np.int64), SlotRef(*slot), raw)
 
 
 @functools.lru_cache(maxsize=256)
@@ -135,29 +119,11 @@ class SlotCodec:
 
     ``batch_bytes``, where the slots are sized from the batches that come (``_sizing.py``),
     says how many bytes a batch needs; then the regular slots are remade when the batches
-    outgrow them, and a batch that does not fit is sent with a temporary slot of its exact size.
+    outgrow them, and a batch that does not fit is sent with a temporary slot of its exact size."""
 
-    With ``main_builder`` (what makes, given the arena, a builder for this loader's batches in
-    the main process, or ``None`` where the main process may not build them) it can also take
-    over a task no worker has started (:meth:`take_over`): each task sent into a regular slot
-    then carries a new claim ticket (``_claims.py``). The builder is made when first needed,
-    while ``next()`` would wait (it opens the file in this process), not when the iterator
-    starts."""
-
-    def __init__(
-        self,
-        arena: SlotArena,
-        main_builder: Callable[[SlotArena], Any] | None = None,
-        batch_bytes: BatchBytes | None = None,
-    ) -> None:
+    def __init__(self, arena: SlotArena, batch_bytes: BatchBytes | None = None) -> None:
         self.arena = arena
         self.oversize_batches = 0  # batches that needed a temporary slot
-        self._make_builder = main_builder if claims.available() else None
-        self._builder: Any = None
-        #: Whether :meth:`take_over` may take a task (``False`` for good once the builder
-        #: turns out not to apply).
-        self.takes_over = self._make_builder is not None
-        self._tickets = 0  # the last ticket given
         self._batch_bytes = batch_bytes
         self._sizing = SlotSizing() if batch_bytes is not None else None
 
@@ -181,40 +147,7 @@ class SlotCodec:
         return self.arena.reserve()
 
     def task_message(self, epoch: int, seq: int, index: SlotTask) -> bytes:
-        slot = index.slot
-        if self.takes_over and index.claimable and not slot.temporary:
-            # Every sending gets a new ticket: a copy of an older sending that a worker has not
-            # read yet finds its claim failing (``_claims.py``).
-            self._tickets += 1
-            index.ticket = self._tickets
-            claims.post(self.arena.memory(slot), slot.claim_at, index.ticket)
-        else:
-            index.ticket = 0
-        return TASK.pack(b"T", epoch, seq, *slot, index.ticket, self.arena.live_from) + index.raw
-
-    def take_over(self, index: SlotTask) -> Any:
-        """Build the task here if no worker has started it: ``None`` when not taken (its worker
-        has it, or it takes no part in claims), else what a worker would have sent (a
-        :class:`SlotBatch`, or :class:`~fastload._protocols.TooLarge`), or ``RESEND`` where
-        building it raised (an index out of range, say: a worker builds it again and says what
-        is wrong, in its own words and its turn). Once taken, its worker drops it unread."""
-        slot = index.slot
-        if not index.ticket or not self.takes_over:
-            return None
-        builder = self._builder
-        if builder is None:
-            assert self._make_builder is not None
-            builder = self._builder = self._make_builder(self.arena)
-            if builder is None:
-                self.takes_over = False  # tasks sent so far are claimed by their workers
-                return None
-        if not claims.claim(self.arena.memory(slot), slot.claim_at, index.ticket, claims.MAIN):
-            return None
-        try:
-            return builder.build(index)
-        except Exception:  # a worker builds it again and says what is wrong, as without us
-            index.claimable = False  # sent again with ticket 0: a worker builds it, whatever
-            return RESEND
+        return TASK.pack(b"T", epoch, seq, *index.slot, self.arena.live_from) + index.raw
 
     def result_message(self, data: bytes) -> Reply:
         return decode_reply(data)
@@ -254,4 +187,4 @@ def _np_dtype(text: str) -> np.dtype:
     return np.dtype(text)
 
 
-__all__ = ["REPLY", "RESEND", "TASK", "UNKNOWN", "SlotBatch", "SlotCodec", "SlotTask", "decode_reply", "index_bytes"]
+__all__ = ["REPLY", "TASK", "UNKNOWN", "SlotBatch", "SlotCodec", "SlotTask", "decode_reply", "index_bytes"]

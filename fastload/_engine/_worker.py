@@ -176,7 +176,6 @@ def worker_main(
         os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
     ppid = os.getppid()
-    spec.host.enter()  # before worker_init_fn, which may choose otherwise
     torch.set_num_threads(1)
     seed = _seed(spec)
     torch_worker._worker_info = torch_worker.WorkerInfo(
@@ -236,8 +235,6 @@ def worker_main(
                 reply = Reply(task_epoch, seq, FAILED, failure, 0.0, None)
                 init_failure = None
             else:
-                if builder is not None and not builder.claim(index):
-                    continue  # the main process built it while waiting (see _claims.py)
                 progress[spec.worker_id] = seq
                 started = time.perf_counter()
                 before = storage_counts() if storage_counts is not None else None

@@ -19,7 +19,7 @@ from fastload._formats._arrow_convert import (
 from fastload._formats._arrow_mapped import MappedColumn, build_mapped
 from fastload._formats._arrow_schema import ArrowField, field_array
 from fastload._formats._arrow_source import Segments, open_segments
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._columns import group_positions, inverse_permutation, permute_column
 from fastload._formats._mmap import SizeWatch
 from fastload._formats._readahead import ByteRanges

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Dataset
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._columns import (
     concat_columns,
     empty_column,

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._columns import ragged_gather
 from fastload._formats._mmap import FileMap
 from fastload._formats._readahead import ByteRanges

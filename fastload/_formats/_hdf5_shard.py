@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._hdf5_columns import (
     ArrayColumn,
     ColumnPlacement,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._hdf5_layout import LENGTHS_INDEX, H5Contents, H5Field
 from fastload._formats._hdf5_shard import H5Shard, ShardPlacement
 from fastload._formats._validate import check_lengths_agree

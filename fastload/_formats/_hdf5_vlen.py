@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._mmap import FileMap
 
 # Filters whose inverse is simple enough to apply to raw descriptor chunks here; a dataset with

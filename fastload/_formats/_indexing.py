@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._arrow import _SUFFIXES as ARROW_SUFFIXES
-from fastload._formats._arrow import ArrowDataset
+from fastload._formats._arrow_dataset import _SUFFIXES as ARROW_SUFFIXES
+from fastload._formats._arrow_dataset import ArrowDataset
 from fastload._formats._base import ShardedDataset
-from fastload._formats._hdf5 import _SUFFIXES as HDF5_SUFFIXES
-from fastload._formats._hdf5 import HDF5Dataset
+from fastload._formats._hdf5_dataset import _SUFFIXES as HDF5_SUFFIXES
+from fastload._formats._hdf5_dataset import HDF5Dataset
 from fastload._remote._index import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload._types import Field
 from fastload.errors import DataFileNotFoundError

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._readahead import AdviseFiles
 from fastload._types import Column, Spans
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from fastload._formats._prefetch import ShardPrefetcher
 from fastload._formats._remote_source import RemoteSource, check_lengths_as_indexed
+from fastload._formats._shard_prefetch import ShardPrefetcher
 from fastload._types import Column, StorageCounts
 
 #: Remote shards one process keeps open (and pinned) at most: the least recently read is
@@ -92,7 +92,7 @@ class RemoteShards:
     ) -> ShardPrefetcher | None:
         """For a remote dataset, start bringing the shards of ``batches`` (the epoch's next
         batches, in order) to the local disk ahead of the consumer, whose progress
-        ``consumed()`` gives (see ``_prefetch.py``); ``None`` for local files. The loader calls
+        ``consumed()`` gives (see ``_shard_prefetch.py``); ``None`` for local files. The loader calls
         this with its sampler's plan; call ``close()`` on the result when the epoch ends.
         ``concurrency`` downloads run at once."""
         if self._remote is None:

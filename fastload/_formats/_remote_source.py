@@ -131,7 +131,7 @@ class RemoteSource:
 
     def storage_counts(self) -> StorageCounts:
         """What this process's reads of the shards cost so far (the prefetcher's downloads are
-        its own: it counts them in :class:`~fastload._formats._prefetch.PrefetchStats`)."""
+        its own: it counts them in :class:`~fastload._formats._shard_prefetch.PrefetchStats`)."""
         self._own_process()
         return self._counts
 

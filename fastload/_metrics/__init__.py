@@ -1,7 +1,7 @@
 """Measuring the loader: the clock, the stall meter, stats snapshots and their diagnosis, the
 worker auto-tuning policy, and the batch-size and memory helpers. Pure: no processes, no
-threads, no torch; ``fastload bench`` (``_bench*``, ``_cli``) builds on these and is imported
-only by the command line."""
+threads, no torch, nothing of the package above it (``fastload bench`` builds on these, in
+``fastload._apps._bench``)."""
 
 from fastload._metrics._autotune import AutoTuner, Decision, available_cores
 from fastload._metrics._batchsize import (

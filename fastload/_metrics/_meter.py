@@ -53,7 +53,6 @@ ENGINE_FIELDS = frozenset(
         "num_workers",
         "respawns",
         "retries",
-        "main_batches",
         "skipped_samples",
         "gpu_idle_s",
     }

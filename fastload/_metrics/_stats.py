@@ -67,8 +67,6 @@ class LoaderStats:
     * ``num_workers``, ``respawns``, ``retries``, ``skipped_samples``: counts.
     * ``fast_path``: whether batches are built by the dataset's ``read_batch`` and a slot
       collate (``None``: not known); the diagnosis suggests the fast path only without it.
-    * ``main_batches``: batches the main process built itself (the fast path's one-call builds)
-      because none of its workers had started them when ``next()`` would have waited.
     * ``gpu_idle_s`` (with ``device="cuda"``): time the GPU sat between finishing the work queued
       before a ``next()`` and the batch it returned being on the device, measured with CUDA
       events (host-side waiting overstates the stall while kernels are still queued).
@@ -118,7 +116,6 @@ class LoaderStats:
     num_workers: int = 0
     respawns: int = 0
     retries: int = 0
-    main_batches: int = 0
     skipped_samples: int = 0
     gpu_idle_s: float | None = None
     fast_path: bool | None = None
@@ -179,8 +176,6 @@ class LoaderStats:
         busy = self.mean_worker_busy
         workers = f"{self.num_workers} workers"
         parts.append(workers if busy is None else f"{workers} busy {busy * 100:.0f} %")
-        if self.main_batches:
-            parts.append(f"{self.main_batches:,} batches built by the main process")
         if self.diagnosis:
             parts.append(self.diagnosis)
         parts.extend(f"preflight: {line} (see fastload.doctor(loader))" for line in self.preflight)

@@ -11,8 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from fastload._remote import _http
-from fastload._remote._arrow import ArrowStore
 from fastload._remote._objects import Store
+from fastload._remote._pyarrow_fs import ArrowStore
 from fastload._remote._retry import Retrier, RetryPolicy
 from fastload.errors import MissingExtraError, UnsupportedSchemeError
 

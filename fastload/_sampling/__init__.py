@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastload._sampling._packed import PackedBatchSampler
 from fastload._sampling._sampler import LengthGroupedBatchSampler
-from fastload._sampling._schedule import BatchSizeWarmup
+from fastload._sampling._warmup import BatchSizeWarmup
 from fastload._sampling._weighted import MixtureBatchSampler, WeightedLengthGroupedSampler
 
 __all__ = [

@@ -14,18 +14,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastload._sampling._keys import LengthCodec, bit_width
-from fastload._sampling._options import (
+from fastload._sampling._batch_options import (
     OVERSIZE_POLICIES,
     BatchingOptions,
     as_lengths,
     check_choice,
     round_up,
 )
-from fastload._sampling._plan import EpochPlan, plan_epoch
-from fastload._sampling._schedule import BatchSizeWarmup, warmup_recut
-from fastload._sampling._shards import ShardGroups, ShardWindow
+from fastload._sampling._epoch_plan import EpochPlan, plan_epoch
+from fastload._sampling._keys import LengthCodec, bit_width
+from fastload._sampling._shard_window import ShardGroups, ShardWindow
 from fastload._sampling._stream import PlannedBatchSampler
+from fastload._sampling._warmup import BatchSizeWarmup, warmup_recut
 from fastload.errors import OversizeSampleError
 
 

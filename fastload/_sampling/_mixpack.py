@@ -2,7 +2,7 @@
 the mixture's weights choose, step by step.
 
 The plan is the mixture plan's (``_mixture.py``) with documents in place of samples: each
-source's documents (``_packplan.cut_documents``, numbered so that a source's are consecutive)
+source's documents (``_packing_plan.cut_documents``, numbered so that a source's are consecutive)
 are a seeded stream, pass after pass. A batch is filled one document at a time: the source
 furthest behind its weights (in tokens, or in documents with ``share="samples"``) gives the
 first of its next ``lookahead`` documents that fits a row, placed best-fit (the fullest row it
@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._sampling._mixture import MixturePlan, MixtureWeights, Segment, Streams
-from fastload._sampling._packplan import Documents, cut_documents
+from fastload._sampling._packing_plan import Documents, cut_documents
 from fastload._types import PackedBatch
 from fastload.errors import OversizeSampleError
 

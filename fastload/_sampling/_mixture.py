@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastload._sampling._plan import epoch_rng
+from fastload._sampling._epoch_plan import epoch_rng
 
 MIXTURE_POLICIES = ("repeat", "stop", "renormalize")
 

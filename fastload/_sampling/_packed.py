@@ -9,17 +9,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from fastload._sampling._options import as_lengths, check_choice, check_int, check_optional_int
-from fastload._sampling._packplan import (
+from fastload._sampling._batch_options import (
+    as_lengths,
+    check_choice,
+    check_int,
+    check_optional_int,
+)
+from fastload._sampling._packing_plan import (
     PACK_OVERSIZE_POLICIES,
     Documents,
     PackedEpoch,
     cut_documents,
     plan_packed_epoch,
 )
-from fastload._sampling._schedule import BatchSizeWarmup, warmup_recut
-from fastload._sampling._shards import ShardGroups, ShardWindow
+from fastload._sampling._shard_window import ShardGroups, ShardWindow
 from fastload._sampling._stream import PlannedBatchSampler
+from fastload._sampling._warmup import BatchSizeWarmup, warmup_recut
 
 
 class PackedBatchSampler(PlannedBatchSampler):

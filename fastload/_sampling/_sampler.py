@@ -8,8 +8,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._sampling._base import GroupedBatchSamplerBase
-from fastload._sampling._schedule import BatchSizeWarmup
-from fastload._sampling._shards import ShardGroups
+from fastload._sampling._shard_window import ShardGroups
+from fastload._sampling._warmup import BatchSizeWarmup
 
 
 class LengthGroupedBatchSampler(GroupedBatchSamplerBase):

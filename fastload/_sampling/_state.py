@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fastload._sampling._options import check_int
-from fastload._sampling._shard import Cursor
+from fastload._sampling._batch_options import check_int
+from fastload._sampling._ranks import Cursor
 
 STATE_FORMAT = 1
 _CURSOR_KEYS = (

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, Sampler
 
-from fastload._sampling._options import check_int
+from fastload._sampling._batch_options import check_int
 
 #: States kept of an iteration's latest drawn batches: more than a loader ever draws ahead.
 _KEPT = 4096

@@ -19,8 +19,8 @@ import numpy.typing as npt
 import torch.distributed
 from torch.utils.data import Sampler
 
-from fastload._sampling._options import check_int, check_optional_int
-from fastload._sampling._shard import Cursor, per_rank_count, rank_positions
+from fastload._sampling._batch_options import check_int, check_optional_int
+from fastload._sampling._ranks import Cursor, per_rank_count, rank_positions
 from fastload._sampling._state import dump_state, load_state
 from fastload._types import PackedBatch
 

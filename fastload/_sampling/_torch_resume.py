@@ -28,7 +28,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from fastload._sampling._options import check_int
+from fastload._sampling._batch_options import check_int
 from fastload._sampling._state import STATE_FORMAT, check_identity
 
 #: Exact types only: a subclass may draw its randomness otherwise than these values pin.

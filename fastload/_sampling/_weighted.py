@@ -19,6 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from fastload._sampling._base import GroupedBatchSamplerBase
+from fastload._sampling._batch_options import (
+    as_lengths,
+    check_choice,
+    check_int,
+    check_optional_int,
+)
+from fastload._sampling._epoch_plan import STREAM_DRAW, epoch_rng
 from fastload._sampling._mixpack import (
     MIXTURE_SHARES,
     PackedMixturePlan,
@@ -41,12 +48,10 @@ from fastload._sampling._mixture import (
     join,
     remaining_streams,
 )
-from fastload._sampling._options import as_lengths, check_choice, check_int, check_optional_int
 from fastload._sampling._packed import _rows_per_batch
-from fastload._sampling._packplan import PACK_OVERSIZE_POLICIES
-from fastload._sampling._plan import STREAM_DRAW, epoch_rng
-from fastload._sampling._schedule import BatchSizeWarmup
-from fastload._sampling._shard import Cursor, per_rank_count, rank_positions
+from fastload._sampling._packing_plan import PACK_OVERSIZE_POLICIES
+from fastload._sampling._ranks import Cursor, per_rank_count, rank_positions
+from fastload._sampling._warmup import BatchSizeWarmup
 
 
 def _as_weights(name: str, values: npt.ArrayLike, size: int) -> npt.NDArray[np.float64]:

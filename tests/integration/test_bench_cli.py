@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from fastload._metrics._bench_report import PLOT_HINT, table_header
+from fastload._apps._bench._report import PLOT_HINT, table_header
 from fastload.cli import main as fastload_main
 
 FASTLOAD = [sys.executable, "-m", "fastload.cli"]
@@ -143,8 +143,8 @@ def test_user_errors_exit_2_with_one_line(
 def test_cold_evicts_the_files_before_every_configuration_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fastload._metrics import _cli
-    from fastload._metrics._pagecache import resident_bytes
+    from fastload._apps._bench import _cli
+    from fastload._apps._bench._pagecache import resident_bytes
 
     data = write_corpus(tmp_path / "corpus.h5")
     evicted: list[int | None] = []

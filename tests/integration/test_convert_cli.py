@@ -257,8 +257,8 @@ CHILD = textwrap.dedent(
     """
     import resource, sys
     from pathlib import Path
-    from fastload._convert._convert import convert
-    from fastload._convert._options import ConvertOptions
+    from fastload._apps._convert._convert import convert
+    from fastload._apps._convert._convert_options import ConvertOptions
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     convert(ConvertOptions(inputs=(sys.argv[1],), output=Path(sys.argv[2]), label_fields=("label",)))
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -5,18 +5,14 @@ disjoint with equal batch counts."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _gloo import run_world
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 TIMEOUT_S = 90
 
@@ -64,50 +60,10 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_ranks(tmp_path: Path) -> list[dict[str, Any]]:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = free_port()
-    processes = []
-    for rank in range(WORLD_SIZE):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD_SIZE),
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])
-            ),
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(tmp_path / f"rank{rank}.json")],
-                env=env,
-                cwd=REPO_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    try:
-        for rank, process in enumerate(processes):
-            output, _ = process.communicate(timeout=TIMEOUT_S)
-            outputs.append(output)
-            assert process.returncode == 0, f"rank {rank} exited {process.returncode}:\n{output}"
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+    run_world(script, WORLD_SIZE, lambda rank: [str(tmp_path / f"rank{rank}.json")], TIMEOUT_S)
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 

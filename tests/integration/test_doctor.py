@@ -207,7 +207,7 @@ def test_missing_kernels_are_said_once_at_the_first_loader_in_stats_and_by_the_d
     code = textwrap.dedent(
         f"""
         import sys, warnings
-        for name in ("fastload._collate._native", "fastload._sampling._binpack", "fastload._engine._atomic"):
+        for name in ("fastload._collate._native", "fastload._sampling._binpack"):
             sys.modules[name] = None  # as if the build had no C compiler
         import fastload
         from fastload.cli import main

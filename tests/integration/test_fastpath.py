@@ -331,8 +331,9 @@ def test_a_hundred_persistent_epochs_leave_memory_descriptors_and_threads_flat(h
     rss, fds, threads = proc.memory_info().rss, proc.num_fds(), threading.active_count()
     assert epochs(95) == 95 * N
     assert proc.memory_info().rss - rss < 16 * 2**20
-    assert proc.num_fds() == fds
-    assert threading.active_count() == threads
+    # No growth: fewer is fine (an earlier test's worker, reaped meanwhile, may have held some).
+    assert proc.num_fds() <= fds
+    assert threading.active_count() <= threads
 
 
 _PARENT = textwrap.dedent(
@@ -357,16 +358,17 @@ def test_sigkill_of_the_parent_during_fast_path_leaves_no_worker_and_no_shm(h5: 
         pids = [int(p) for p in proc.stdout.readline().split()]  # type: ignore[union-attr]
         assert len(pids) == 2
         proc.send_signal(signal.SIGKILL)
-        proc.wait(5)
-        deadline = time.monotonic() + 5
+        proc.wait(30)
+        deadline = time.monotonic() + 30  # bounds a wait, not a race: passes with every core busy
         while any(alive(p) for p in pids):
-            assert time.monotonic() < deadline, "workers outlived their parent by 5 s"
+            assert time.monotonic() < deadline, "workers outlived their parent by 30 s"
             time.sleep(0.05)
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()  # type: ignore[union-attr]
-    assert set(os.listdir("/dev/shm")) - before == set()
+    # Only fastload's or torch's names: other programs on the machine create their own meanwhile.
+    assert {e for e in set(os.listdir("/dev/shm")) - before if "torch" in e or "fastload" in e} == set()
 
 
 @pytest.mark.gpu

@@ -5,8 +5,6 @@ trains each rank on exactly the batches the uninterrupted run gave it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -17,9 +15,8 @@ import pytest
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_distributed_sampler import free_port
+from _gloo import run_world
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 TIMEOUT_S = 100
 STEPS, SAVE_AT = 16, 8
@@ -89,38 +86,8 @@ RANK_SCRIPT = textwrap.dedent(
 def _run_ranks(h5: Path, work: Path) -> list[dict[str, Any]]:
     script = work / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = free_port()
-    processes = []
-    for rank in range(WORLD_SIZE):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD_SIZE),
-            "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(h5), str(work), str(Path(__file__).parent)],
-                env=env,
-                cwd=REPO_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    try:
-        for rank, process in enumerate(processes):
-            output, _ = process.communicate(timeout=TIMEOUT_S)
-            assert process.returncode == 0, f"rank {rank} exited {process.returncode}:\n{output}"
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+    here = str(Path(__file__).parent)
+    run_world(script, WORLD_SIZE, lambda rank: [str(h5), str(work), here], TIMEOUT_S, local_world=True)
     return [json.loads((work / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 

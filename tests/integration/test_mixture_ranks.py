@@ -4,15 +4,12 @@ delivered before stays delivered, the rest of the epoch comes once, nothing twic
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_distributed_sampler import REPO_ROOT, free_port
+from _gloo import run_world
 
 TIMEOUT_S = 120
 
@@ -53,36 +50,10 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def run_world(tmp_path: Path, world: int, *args: str) -> list[dict[str, Any]]:
+def run_ranks(tmp_path: Path, world: int, *args: str) -> list[dict[str, Any]]:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    port = free_port()
-    processes = []
-    for rank in range(world):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(tmp_path / f"rank{rank}.json"), *args],
-                env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )
-        )
-    try:
-        for rank, process in enumerate(processes):
-            output, _ = process.communicate(timeout=TIMEOUT_S)
-            assert process.returncode == 0, f"rank {rank} exited {process.returncode}:\n{output}"
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+    run_world(script, world, lambda rank: [str(tmp_path / f"rank{rank}.json"), *args], TIMEOUT_S)
     return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
@@ -93,11 +64,11 @@ def run_world(tmp_path: Path, world: int, *args: str) -> list[dict[str, Any]]:
 def test_a_checkpoint_resumed_on_another_number_of_gloo_ranks_covers_the_epoch_once(
     tmp_path: Path, before: int, after: int, options: dict[str, int]
 ) -> None:
-    first = run_world(tmp_path, before, "first", "5", json.dumps(options))
+    first = run_ranks(tmp_path, before, "first", "5", json.dumps(options))
     assert all(report["world"] == before and report["same_state"] for report in first)
     state = tmp_path / "state.json"
     state.write_text(json.dumps(first[0]["state"]))
-    second = run_world(tmp_path, after, "second", "0", json.dumps(options), str(state))
+    second = run_ranks(tmp_path, after, "second", "0", json.dumps(options), str(state))
     assert len({len(report["batches"]) for report in second}) == 1  # equal counts on every rank
     delivered = [i for report in first for batch in report["batches"] for i in batch]
     rest = [i for report in second for batch in report["batches"] for i in batch]
@@ -111,11 +82,11 @@ def test_a_packed_mixture_resumed_on_another_number_of_gloo_ranks_packs_every_sa
     tmp_path: Path, before: int, after: int
 ) -> None:
     options = json.dumps({"pack_length": 512, "batch_size": 4})  # rows of whole samples
-    first = run_world(tmp_path, before, "first", "5", options)
+    first = run_ranks(tmp_path, before, "first", "5", options)
     assert all(report["world"] == before and report["same_state"] for report in first)
     state = tmp_path / "state.json"
     state.write_text(json.dumps(first[0]["state"]))
-    second = run_world(tmp_path, after, "second", "0", options, str(state))
+    second = run_ranks(tmp_path, after, "second", "0", options, str(state))
     assert len({len(report["batches"]) for report in second}) == 1
     pieces = [
         tuple(piece)

@@ -22,7 +22,7 @@ from _fake_gpu import FakeGPU, overlaps
 from _token_files import write_token_file
 
 import fastload
-import fastload._iterator as iterator_module
+import fastload._loader._iterators as iterator_module
 from fastload._device import PinnedSlots
 
 

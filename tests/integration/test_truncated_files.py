@@ -1,6 +1,6 @@
 """A file truncated while a loader reads it is an error naming the file and both sizes, never a
-SIGBUS that kills the training process: with 0 workers, and with 2 workers while the main
-process builds batches itself (``_engine/_claims.py``); the fastload HDF5 layout (one-call
+SIGBUS that kills the training process: with 0 workers, and with 2 workers that had the file
+open before it was cut; the fastload HDF5 layout (one-call
 builds, and in-place reads of several fields) and Arrow IPC. A worker killed by SIGBUS (a
 user's dataset reading its own memory map) is a WorkerCrashedError.
 
@@ -20,8 +20,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from _token_files import write_token_file
-
-from fastload._engine import _claims as claims
 
 HERE = Path(__file__).parent
 SAMPLES = 3000
@@ -54,34 +52,19 @@ except DataFormatError as exc:
     report(exc)
 """
 
-_MAIN_BUILDS = """
+_TWO_WORKERS = """
 dataset = {dataset}
 loader = fastload.DataLoader(dataset, batch_size=16, num_workers=2, persistent_workers=True)
 for batch in loader:
     pass
-pids = loader._iterator.worker_pids
-for pid in pids:
-    os.kill(pid, signal.SIGSTOP)  # the main process builds what the next epoch asks first
-
-
-def go_on():
-    for pid in pids:
-        os.kill(pid, signal.SIGCONT)
-
-
-# A batch whose build fails in the main process is left to a worker (and fails there): the
-# workers go on after a while, whatever the main process did by then.
-timer = threading.Timer(1.0, go_on)
-timer.start()
 try:
-    truncate({path!r})
+    truncate({path!r})  # both workers have the file open and mapped from the first epoch
     for batch in loader:
         pass
     print("NO ERROR", flush=True)
 except DataFormatError as exc:
     report(exc)
 finally:
-    timer.join()
     del loader
 """
 
@@ -144,7 +127,7 @@ _CASES = {
 }
 
 
-def _expect_named_error(result: subprocess.CompletedProcess[str], path: Path, *, main_builds: bool = False) -> None:
+def _expect_named_error(result: subprocess.CompletedProcess[str], path: Path) -> None:
     assert result.returncode == 0, (
         f"the process died (exit {result.returncode}"
         f"{', ' + signal.Signals(-result.returncode).name if result.returncode < 0 else ''}):"
@@ -152,10 +135,7 @@ def _expect_named_error(result: subprocess.CompletedProcess[str], path: Path, *,
     )
     assert "RAISED DataFormatError" in result.stdout, result.stdout + result.stderr[-2000:]
     size = path.stat().st_size
-    if not main_builds or f"{path}: the file has" in result.stdout:
-        assert f"{path}: the file has {size} bytes, but had" in result.stdout, result.stdout
-    else:  # a worker that had not opened the file before it was cut says so as it opens it
-        assert f"{path}: " in result.stdout and "truncated" in result.stdout, result.stdout
+    assert f"{path}: the file has {size} bytes, but had" in result.stdout, result.stdout
 
 
 @pytest.mark.parametrize("case", list(_CASES))
@@ -167,16 +147,13 @@ def test_a_file_truncated_during_an_epoch_is_an_error_with_no_workers(tmp_path: 
     _expect_named_error(result, path)
 
 
-@pytest.mark.host_tuned
-@pytest.mark.skipif(not claims.available(), reason="the _atomic extension was not built")
 @pytest.mark.parametrize("case", list(_CASES))
-def test_a_file_truncated_while_the_main_process_builds_is_an_error(tmp_path: Path, case: str) -> None:
+def test_a_file_truncated_under_two_workers_is_an_error(tmp_path: Path, case: str) -> None:
     make, dataset = _CASES[case]
     path = make(tmp_path)
-    script = _PRELUDE + _MAIN_BUILDS
-    formatted = script.format(here=str(HERE), keep=KEEP_BYTES, path=str(path), dataset=dataset.format(path=str(path)))
-    result = _run(formatted, tmp_path, FASTLOAD_HOST_TUNING="1")
-    _expect_named_error(result, path, main_builds=True)
+    script = _PRELUDE + _TWO_WORKERS
+    result = _run(script.format(here=str(HERE), keep=KEEP_BYTES, path=str(path), dataset=dataset.format(path=str(path))), tmp_path)
+    _expect_named_error(result, path)
 
 
 def test_a_worker_killed_by_sigbus_is_a_worker_crash(tmp_path: Path) -> None:

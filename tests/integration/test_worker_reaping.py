@@ -13,7 +13,10 @@ import pytest
 HERE = Path(__file__).parent
 
 # Runs in a fresh interpreter: a crash scenario, then a look at every child process, zombies
-# included, one second after the loader is gone. Prints one line per leftover child.
+# included, once the loader is gone. A reaped worker leaves at once on an idle machine; the look
+# waits up to 30 s for the last one (the reaper runs at nice 19, and the suite must pass with
+# every core busy), which a zombie kept for as long as the parent lives still fails. Prints one
+# line per leftover child.
 _SCRIPT = textwrap.dedent(
     """
     import gc, os, signal, sys, time
@@ -47,8 +50,11 @@ _SCRIPT = textwrap.dedent(
     for scenario in [{scenario}] * {repeats}:
         scenario()
         gc.collect()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30.0
         left = psutil.Process().children(recursive=True)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = psutil.Process().children(recursive=True)
         for child in left:
             try:
                 print(child.pid, child.status(), flush=True)
@@ -60,7 +66,7 @@ _SCRIPT = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["poison", "three_kills"])
-def test_no_child_process_outlives_the_loader_by_a_second(scenario: str) -> None:
+def test_no_child_process_outlives_the_loader(scenario: str) -> None:
     script = _SCRIPT.format(here=str(HERE), scenario=scenario, repeats=3)
     for _ in range(3):  # fresh processes: the race that left zombies differs from run to run
         done = subprocess.run(

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastload import PackedBatchSampler
-from fastload._sampling._shards import ShardWindow
+from fastload._sampling._shard_window import ShardWindow
 from fastload._types import PackedBatch
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fastload import LengthGroupedBatchSampler
-from fastload._sampling._shards import ShardWindow
+from fastload._sampling._shard_window import ShardWindow
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fastload._convert import _ray
-from fastload._convert._convert import ConvertReport, convert
-from fastload._convert._options import ConvertOptions
+from fastload._apps._convert import _ray
+from fastload._apps._convert._convert import ConvertReport, convert
+from fastload._apps._convert._convert_options import ConvertOptions
 from fastload.errors import DataFormatError, UsageError
 
 pytest.importorskip("ray.data")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from test_remote_cli import objects  # tests/remote is on the path (conftest.py)
 
-from fastload._convert._convert import convert
-from fastload._convert._options import ConvertOptions
+from fastload._apps._convert._convert import convert
+from fastload._apps._convert._convert_options import ConvertOptions
 from fastload._remote import INDEX_NAME
 from fastload.cli import main
 

@@ -19,7 +19,7 @@ from _token_files import write_token_file
 
 import fastload
 from fastload._formats._indexing import build_index, write_index
-from fastload._formats._prefetch import ShardPrefetcher
+from fastload._formats._shard_prefetch import ShardPrefetcher
 
 SHARDS = 8
 

@@ -17,7 +17,8 @@ import pyarrow as pa
 import pytest
 
 import fastload
-from fastload._formats import _arrow, _arrow_shard
+from fastload._formats import _arrow_dataset as _arrow
+from fastload._formats import _arrow_shard
 from fastload._formats._indexing import build_index, write_index
 
 SHARDS = 6

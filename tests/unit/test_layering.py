@@ -11,20 +11,25 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fastload"
 
-# module prefix -> fastload modules it must not import
+# module prefix -> fastload modules it must not import. From the bottom: the shared vocabulary
+# (_types, _protocols, _capabilities), storage and object stores, the readers, sampling and
+# collation, the engine, the metrics (pure), the loader, the doctor; the applications on top.
 FORBIDDEN = {
     "fastload._types": ["fastload._"],
-    "fastload._protocols": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._options", "fastload._storage"],
-    "fastload._capabilities": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._options", "fastload._storage"],
-    "fastload._storage": ["fastload._formats", "fastload._engine", "fastload._sampling", "fastload._collate", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert"],
-    "fastload._remote": ["fastload._formats", "fastload._engine", "fastload._sampling", "fastload._collate", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert"],
-    "fastload._formats": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._sampling", "fastload._collate"],
-    "fastload._sampling": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._formats", "fastload._collate"],
-    "fastload._collate": ["fastload._engine", "fastload._device", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._formats", "fastload._sampling"],
-    "fastload._engine": ["fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert", "fastload._device"],
-    "fastload._device": ["fastload._engine", "fastload._loader", "fastload._iterator", "fastload._metrics", "fastload._convert"],
+    "fastload._protocols": ["fastload._storage", "fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._capabilities": ["fastload._storage", "fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._storage": ["fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._remote": ["fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._formats": ["fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._sampling": ["fastload._formats", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._collate": ["fastload._formats", "fastload._sampling", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._engine": ["fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._metrics": ["fastload._storage", "fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._loader", "fastload._doctor", "fastload._apps", "fastload._integrations"],
+    "fastload._device": ["fastload._engine", "fastload._loader", "fastload._metrics", "fastload._doctor", "fastload._apps"],
+    "fastload._loader": ["fastload._apps"],
+    "fastload._doctor": ["fastload._apps", "fastload._loader"],
 }
-PROCESSES_ALLOWED = ("fastload._engine", "fastload._convert")
+PROCESSES_ALLOWED = ("fastload._engine", "fastload._apps._convert")
 
 
 def _modules() -> list[tuple[str, ast.Module]]:
@@ -58,6 +63,40 @@ def test_lower_layers_do_not_import_higher_ones(name: str, tree: ast.Module) -> 
             assert bad == [], f"{name} imports {bad}"
 
 
+# The packages from the bottom up, as the README's layout lists them: each imports only those
+# before it (its own modules aside).
+ORDER = [
+    "_types", "_protocols", "_capabilities", "errors", "_storage", "_remote", "_formats", "_sampling",
+    "_collate", "_engine", "_metrics", "_device", "_doctor", "_loader", "_integrations", "hf",
+    "accelerate", "_apps", "cli", "__main__",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "tree"), [m for m in MODULES if m[0] != "fastload"], ids=lambda m: str(m))
+def test_each_package_imports_only_the_packages_below_it(name: str, tree: ast.Module) -> None:
+    mine = name.split(".")[1]
+    assert mine in ORDER, f"{name}: a new package; place it in ORDER and in the README's layout"
+    above = set(ORDER[ORDER.index(mine) + 1 :])
+    bad = sorted(i for i in _imports(tree) if i.startswith("fastload.") and i.split(".")[1] in above)
+    assert bad == [], f"{name} imports a package above it: {bad}"
+
+
+APPLICATIONS = ("fastload._apps", "fastload.cli", "fastload.__main__")
+
+
+@pytest.mark.parametrize(("name", "tree"), MODULES, ids=[m for m, _ in MODULES])
+def test_nothing_in_the_library_imports_the_applications(name: str, tree: ast.Module) -> None:
+    if name.startswith(APPLICATIONS):
+        return
+    bad = sorted(i for i in _imports(tree) if i.startswith(APPLICATIONS))
+    assert bad == [], f"{name} imports the applications: {bad}"
+
+
+@pytest.mark.parametrize(("name", "tree"), [m for m in MODULES if m[0].startswith("fastload._metrics")], ids=lambda m: str(m))
+def test_the_metrics_import_neither_torch_nor_the_package_above_them(name: str, tree: ast.Module) -> None:
+    bad = sorted(i for i in _imports(tree) if i.split(".")[0] == "torch" or i == "fastload" or (i.startswith("fastload.") and i.split(".")[1] not in ("_metrics", "_types", "errors")))
+    assert bad == [], f"{name} imports {bad}"
+
 @pytest.mark.parametrize(("name", "tree"), MODULES, ids=[m for m, _ in MODULES])
 def test_processes_live_only_in_the_engine(name: str, tree: ast.Module) -> None:
     if name.startswith(PROCESSES_ALLOWED):
@@ -79,19 +118,15 @@ def test_only_the_device_package_touches_cuda(name: str, tree: ast.Module) -> No
 
 
 # -- packages talk through what they make public ----------------------------------------------
-# A package is a folder of fastload (``_engine``, ``_formats``, ...); the facade's modules (the
-# loader, its iterators and its options) are one package, as are ``fastload.cli`` and the
-# package's ``__init__``. A name that starts with one underscore is private to the package that
-# defines it: another package may not import it, reach it as an attribute, or ``getattr`` it.
-_FACADE = {"_loader", "_iterator", "_options"}
+# A package is a folder of fastload (``_engine``, ``_formats``, ``_loader``, ...); ``fastload.cli``
+# and the package's ``__init__`` are one more. A name that starts with one underscore is private
+# to the package that defines it: another package may not import it, reach it as an attribute,
+# or ``getattr`` it.
 
 
 def _package(module: str) -> str:
     parts = module.split(".")
-    if len(parts) == 1:
-        return "fastload"
-    head = parts[1]
-    return "facade" if head in _FACADE else head
+    return "fastload" if len(parts) == 1 else parts[1]
 
 
 # Python's own protocols that happen to start with one underscore (named tuples).
@@ -182,9 +217,12 @@ def test_the_reach_in_check_catches_a_private_attribute_of_another_package() -> 
 
 # -- no import cycles ---------------------------------------------------------------------------
 # An import inside a function counts too: a cycle broken only by importing late is still two
-# modules that cannot be read apart. Checked within the packages listed (the whole library next).
-_ACYCLIC = ("fastload._collate",)
+# modules that cannot be read apart. Checked over the whole library, imports inside functions and
+# under TYPE_CHECKING included.
+_ACYCLIC = ("fastload",)
 _NAMES = {name for name, _ in MODULES}
+# Compiled extension modules (a C source beside the package's Python): modules, not packages.
+_NATIVE = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts) for p in PACKAGE.rglob("*.c")}
 
 
 def _edges(tree: ast.Module) -> set[str]:
@@ -194,8 +232,8 @@ def _edges(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names if alias.name in _NAMES)
         elif isinstance(node, ast.ImportFrom) and node.module in _NAMES:
-            subs = {f"{node.module}.{alias.name}" for alias in node.names} & _NAMES
-            out.update(subs)
+            subs = {f"{node.module}.{alias.name}" for alias in node.names} & (_NAMES | _NATIVE)
+            out.update(subs & _NAMES)
             if len(subs) < len(node.names):
                 out.add(node.module)
     return out

@@ -1,6 +1,6 @@
 """A worker pool without processes, for tests of the engine's and the pump's logic.
 
-:class:`FakePool` keeps the engine's :class:`~fastload._engine._pools.Pool` contract with no
+:class:`FakePool` keeps the engine's :class:`~fastload._engine._pool_protocol.Pool` contract with no
 process and no worker pipe: it records every message the engine sends to each worker, and the
 test decides what each worker replies, and when (:meth:`FakePool.reply`, :meth:`FakePool.fail`,
 :meth:`FakePool.die`), in any order. Each scripted event also writes a byte to one real pipe,
@@ -10,7 +10,7 @@ over every event scripted so far, in the order scripted. The pool may be scripte
 thread while the engine thread drives it.
 
 :class:`FakeCodec` is the generic codec plus a record of what the engine asks of it (what it
-drops, delivers, takes over), and scripted answers to ``retry`` and ``take_over``.
+drops, delivers), and scripted answers to ``retry``.
 :class:`Fakes` makes engines and pumps over fake pools and closes them after the test.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 from fastload._engine._codec import GenericCodec
 from fastload._engine._engine import Engine
 from fastload._engine._messages import FAILED, OK, Kind, Reply, TaskMessage, WorkerFailure
-from fastload._engine._pools import WorkerDied
+from fastload._engine._pool_protocol import WorkerDied
 from fastload._engine._pump import IndexSource, Pump
 from fastload._types import Counts
 
@@ -97,7 +97,7 @@ class FakeClock:
 
 class FakePool:
     """The engine's pool, scripted by the test (see the module text). Built by the engine
-    through the :class:`~fastload._engine._pools.PoolFactory` signature; with a ``clock``, a
+    through the :class:`~fastload._engine._pool_protocol.PoolFactory` signature; with a ``clock``, a
     :meth:`wait` with nothing to report advances it instead of blocking."""
 
     def __init__(
@@ -336,17 +336,11 @@ class FakePool:
 
 class FakeCodec(GenericCodec):
     """The generic codec (the payload is the batch), recording what the engine asks of it.
-    ``takes_over``: :meth:`take_over` takes every task not listed in ``started`` and returns
-    ``built(index)``; ``retry_with``: an index whose payload is to be built again, with which
-    new index (once)."""
+    ``retry_with``: an index whose payload is to be built again, with which new index (once)."""
 
-    def __init__(self, *, takes_over: bool = False) -> None:
-        self.takes_over = takes_over
+    def __init__(self) -> None:
         self.dropped: Counter[Any] = Counter()  # index -> times drop()ped
         self.delivered: list[Any] = []
-        self.taken: list[Any] = []  # indices take_over() took
-        self.started: set[Any] = set()  # indices a worker has started: take_over() leaves them
-        self.built: Callable[[Any], Any] = lambda index: index
         self.retry_with: dict[Any, Any] = {}
 
     def deliver(self, index: Any, payload: Any) -> tuple[Any, None]:
@@ -358,13 +352,6 @@ class FakeCodec(GenericCodec):
 
     def drop(self, index: Any) -> None:
         self.dropped[index] += 1
-
-    def take_over(self, index: Any) -> Any:
-        if not self.takes_over or index in self.started:
-            return None
-        self.taken.append(index)
-        self.started.add(index)  # a task is taken over once at most
-        return self.built(index)
 
 
 def _spec(worker_id: int, epoch: int) -> Any:

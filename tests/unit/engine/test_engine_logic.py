@@ -13,7 +13,6 @@ from _fake_pool import FakeClock, FakeCodec, FakePool, Fakes, batch_indices
 from fastload._engine import _deadline
 from fastload._engine._engine import MAX_DEATHS, Engine
 from fastload._engine._messages import DONE, EXHAUSTED, FAILED, OK, Resume, TaskMessage
-from fastload._engine._slots import RESEND
 from fastload.errors import LoaderTimeoutError, WorkerCrashedError
 
 
@@ -235,36 +234,6 @@ def test_close_drops_every_undelivered_payload_exactly_once_and_is_idempotent(fa
     assert pool.closed and all(w.inbox[-1] is None for w in pool.incarnations)  # told to stop
 
 
-def test_help_builds_the_oldest_task_no_worker_has_started(fakes: Fakes) -> None:
-    codec = FakeCodec(takes_over=True)
-    engine, pool = fakes.engine(num_workers=2, prefetch=2, codec=codec)
-    indices = _put(engine, range(4))
-    codec.started = {indices[0]}  # worker 0 is building batch 0
-    assert engine.helps and engine.help()
-    assert codec.taken == [indices[1]] and engine.main_batches == 1
-    assert (engine.in_flight, engine.pending) == (3, 1)
-    pool.reply(0, 0)
-    assert [item.value for item in engine.collect(_no_refill)] == indices[:2]
-    assert engine.help() and codec.taken == indices[1:3]
-    codec.started.add(indices[3])
-    assert not engine.help()  # every task left has been started
-    pool.reply(1, 3)
-    assert _epoch(engine) == indices[2:]
-
-
-def test_help_sends_a_task_again_when_the_codec_says_a_worker_must_build_it(fakes: Fakes) -> None:
-    codec = FakeCodec(takes_over=True)
-    codec.built = lambda index: RESEND
-    engine, pool = fakes.engine(num_workers=2, prefetch=2, codec=codec)
-    (index,) = _put(engine, range(1))
-    assert engine.help()
-    assert pool.worker(0).inbox == [TaskMessage(0, 0, index)] * 2  # the same task, to the same worker
-    assert (engine.in_flight, engine.main_batches) == (1, 0)
-    assert not engine.help()  # taken once: a task is never taken over twice
-    pool.reply(0, 0)
-    assert _epoch(engine) == [index]
-
-
 def test_a_batch_the_codec_retries_is_sent_again_with_its_new_index(fakes: Fakes) -> None:
     codec = FakeCodec()
     engine, pool = fakes.engine(num_workers=2, prefetch=2, codec=codec)
@@ -346,18 +315,6 @@ def test_a_retiring_worker_whose_iterable_dataset_ends_leaves(fakes: Fakes) -> N
     assert refills == [1] and engine.num_workers == 1 and len(pool.workers) == 1
     pool.reply(0, 0)
     assert _epoch(engine) == [first]
-
-
-def test_a_retiring_worker_whose_last_task_the_main_process_built_leaves(fakes: Fakes) -> None:
-    codec = FakeCodec(takes_over=True)
-    engine, pool = fakes.engine(num_workers=2, prefetch=1, codec=codec)
-    first, last = _put(engine, range(2))
-    codec.started = {first}
-    engine.retire_worker()
-    assert engine.help() and codec.taken == [last]
-    assert engine.num_workers == 1 and len(pool.workers) == 1  # it has nothing left to build
-    pool.reply(0, 0)
-    assert _epoch(engine) == [first, last]
 
 
 def test_a_retirement_pending_at_a_new_epoch_completes_once_its_old_batches_are_back(fakes: Fakes) -> None:

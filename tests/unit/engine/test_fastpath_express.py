@@ -13,11 +13,10 @@ import pytest
 import torch
 
 import fastload
-from fastload._engine import _claims as claims
 from fastload._engine._arena import SlotArena
 from fastload._engine._builder import SlotBuilder
 from fastload._engine._sizing import slot_bytes_bound
-from fastload._engine._slots import RESEND, SlotBatch, SlotCodec, SlotTask
+from fastload._engine._slots import SlotBatch, SlotCodec
 from fastload._protocols import TooLarge
 
 N = 200
@@ -170,59 +169,6 @@ def test_express_stays_out_where_it_does_not_apply(tmp_path: Path, case: str, mo
         monkeypatch.setattr(_kernels, "_native", None)
     built = _build(ds, collate, PLANS[:2], express=True)
     assert built[-1][0] is False
-
-
-@pytest.mark.skipif(not claims.available(), reason="the _atomic extension was not built")
-def test_the_main_process_takes_over_a_task_nobody_started_and_its_worker_then_drops_it(tmp_path: Path) -> None:
-    ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5"))
-    collate = fastload.PadCollate(dtype=torch.int64)
-    arena = SlotArena(slot_bytes=slot_bytes_bound(collate, ds.fields, ds.lengths, rows=8, max_tokens=None), slots=4, max_bytes=1 << 26)
-    codec = SlotCodec(arena, lambda slots: SlotBuilder(ds, collate, os.getpid(), slots=slots))
-    worker = SlotBuilder(ds, collate, os.getpid())  # reads the messages as a worker would
-
-    def send(indices: list[int], seq: int) -> tuple[SlotTask, SlotTask]:
-        task = codec.task(indices)
-        _, _, seen = worker.task_message(codec.task_message(0, seq, task))
-        return task, seen
-
-    task, seen = send([3, 1, 4], 0)
-    built = codec.take_over(task)
-    assert isinstance(built, SlotBatch)
-    assert not worker.claim(seen)  # the worker drops it
-    mine, _ = codec.deliver(task, built)
-    other, other_seen = send([3, 1, 4], 1)
-    assert worker.claim(other_seen)
-    theirs, _ = codec.deliver(other, worker.build(other_seen))
-    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
-
-    started, started_seen = send([5, 9], 2)
-    assert worker.claim(started_seen)  # a worker has it: the main process leaves it
-    assert codec.take_over(started) is None
-
-    bad, bad_seen = send([2, N + 3], 3)  # an index out of range: building it raises
-    assert codec.take_over(bad) is RESEND and not bad.claimable
-    _, _, again = worker.task_message(codec.task_message(0, 3, bad))
-    assert again.ticket == 0 and not worker.claim(bad_seen) and worker.claim(again)
-    del mine, theirs
-    arena.close()
-
-
-def test_where_the_main_process_may_not_build_it_stops_trying(tmp_path: Path) -> None:
-    ds = fastload.HDF5Dataset(_write(tmp_path / "d.h5", label=True))  # two fields
-    collate = fastload.PadCollate()
-
-    def one_call_only(slots: SlotArena) -> SlotBuilder | None:
-        builder = SlotBuilder(ds, collate, os.getpid(), slots=slots)
-        return builder if builder.one_call() else None
-
-    arena = SlotArena(slot_bytes=1 << 16, slots=2, max_bytes=1 << 24)
-    codec = SlotCodec(arena, one_call_only)
-    assert codec.takes_over is claims.available()
-    task = codec.task([1, 2])
-    codec.task_message(0, 0, task)
-    assert codec.take_over(task) is None
-    assert codec.takes_over is False
-    arena.close()
 
 
 def test_every_batch_from_the_first_on_is_a_one_call_build(tmp_path: Path) -> None:

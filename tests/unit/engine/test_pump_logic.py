@@ -1,4 +1,4 @@
-"""The pump's logic (``_engine/_pump.py``, ``_drivers.py``) over a real engine and a fake pool:
+"""The pump's logic (``_engine/_pump.py``) over a real engine and a fake pool:
 both drivers run for real, polling the fake pool's descriptor; the test decides what the workers
 reply and when (``_fake_pool.py``). With real processes: ``tests/integration/test_engine_thread.py``.
 """
@@ -42,8 +42,7 @@ class _Sampler:
 
 
 class _Consumer:
-    """Takes items as the fast path's runner does: a grant per batch taken, and the slot of the
-    batch before freed (``nudge``) once it has the next."""
+    """Takes items as the fast path's runner does: a grant per batch taken."""
 
     def __init__(self, pump: Pump) -> None:
         self.pump = pump
@@ -55,7 +54,6 @@ class _Consumer:
         item = self.pump.take(**kwargs)
         self.taken += item.kind <= FAILED
         self.taking = False
-        self.pump.nudge()
         return item
 
 
@@ -241,9 +239,3 @@ def test_a_timeout_raises_in_either_driver(fakes: Fakes, driver: str) -> None:
         consumer.take()
 
 
-def test_a_consumer_that_would_wait_builds_the_next_batch_itself(fakes: Fakes, driver: str) -> None:
-    codec = FakeCodec(takes_over=True)
-    consumer, pool, _ = _start(fakes, batches=6, codec=codec)
-    assert [consumer.take() for _ in range(6)] == [_ok(k) for k in range(6)]
-    assert codec.taken == [batch_indices(k) for k in range(6)] and not pool.heard_by  # no reply
-    assert consumer.take().kind is DONE

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from fastload._engine._schedule import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
+from fastload._engine._bookkeeping import Dispatcher, ReorderBuffer, RetryBudgetExceeded, Task
 
 
 def _dispatcher(num_workers: int = 2, *, max_tasks: int = 4, in_order: bool = True) -> Dispatcher:
@@ -53,9 +53,9 @@ def test_complete_returns_the_holder_and_frees_the_task() -> None:
     d = _dispatcher(2)
     task = Task(5, [1, 2])
     d.assign(1, task)
-    assert d.held() == [(1, task)] and d.in_flight == 1
+    assert d.tasks_of(1) == [task] and d.in_flight == 1
     assert d.complete(5) is task
-    assert d.held() == []
+    assert d.tasks_of(1) == []
     assert d.in_flight == 0
 
 
@@ -192,14 +192,3 @@ def test_a_retiring_worker_gets_no_task_and_leaves_once_drained() -> None:
     assert d.num_workers == 1
     assert d.reactivate_all() == []
     assert d.pick_worker() == 0
-
-
-def test_held_lists_every_task_in_flight_oldest_first_with_its_worker() -> None:
-    d = _dispatcher(2)
-    for seq in range(5):
-        d.assign(d.pick_worker(), Task(seq, [seq]))  # type: ignore[arg-type]
-    d.complete(1)
-    d.assign(1, Task(1, [1]))  # sent again (its worker died, say): at the back of worker 1's queue
-    assert [(wid, task.seq) for wid, task in d.held()] == [(0, 0), (1, 1), (0, 2), (1, 3), (0, 4)]
-    d.complete(2)  # taken out of the middle of worker 0's queue
-    assert [task.seq for _, task in d.held()] == [0, 1, 3, 4]

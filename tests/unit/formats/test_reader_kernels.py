@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fastload._formats._cache import BlockCache
+from fastload._formats._block_cache import BlockCache
 from fastload._formats._columns import (
     concat_columns,
     permute_column,

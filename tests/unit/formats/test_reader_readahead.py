@@ -16,8 +16,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 import fastload
+from fastload._apps._bench._pagecache import evict, resident_pages
 from fastload._formats._readahead import coalesce_ranges
-from fastload._metrics._pagecache import evict, resident_pages
 
 PAGE = mmap.PAGESIZE
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore is Linux's")

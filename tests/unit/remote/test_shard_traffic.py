@@ -7,8 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from fastload._loader._shard_traffic import ShardTraffic
 from fastload._metrics import StallMeter
-from fastload._shard_traffic import ShardTraffic
 from fastload._types import StorageCounts
 
 

@@ -1,4 +1,4 @@
-"""The loader's record of what the consumer received (``fastload._resume``), without processes:
+"""The loader's record of what the consumer received (``fastload._loader._resume``), without processes:
 out of order, a contiguous prefix plus the positions beyond it; a resumed iteration skips
 exactly those; a worker's random states survive JSON."""
 
@@ -10,7 +10,7 @@ import random
 import numpy as np
 import torch
 
-from fastload._resume import EpochProgress, SkipPositions, decode_worker, encode_worker
+from fastload._loader._resume import EpochProgress, SkipPositions, decode_worker, encode_worker
 
 
 def test_out_of_order_positions_fold_into_a_prefix() -> None:

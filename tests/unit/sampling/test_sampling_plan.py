@@ -6,9 +6,9 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from fastload._sampling._batch_options import BatchingOptions
+from fastload._sampling._epoch_plan import EpochPlan, plan_epoch
 from fastload._sampling._keys import LengthCodec, bit_width
-from fastload._sampling._options import BatchingOptions
-from fastload._sampling._plan import EpochPlan, plan_epoch
 
 
 def lognormal_lengths(count: int, seed: int = 0) -> npt.NDArray[np.int64]:

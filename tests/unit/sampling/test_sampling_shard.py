@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fastload._sampling._shard import Cursor, per_rank_count, rank_positions
+from fastload._sampling._ranks import Cursor, per_rank_count, rank_positions
 
 
 def deal(num_batches: int, cursor: Cursor, *, drop_last: bool) -> list[list[int]]:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastload import BatchSizeWarmup, LengthGroupedBatchSampler, PackedBatchSampler
-from fastload._sampling._shards import ShardWindow
+from fastload._sampling._shard_window import ShardWindow
 
 LENGTHS = np.random.default_rng(0).integers(1, 400, 3_000).astype(np.int64)
 # 40 shards of uneven sizes, one of them empty, in index order.
