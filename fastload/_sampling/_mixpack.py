@@ -5,17 +5,18 @@ The plan is the mixture plan's (``_mixture.py``) with documents in place of samp
 source's documents (``_packing_plan.cut_documents``, numbered so that a source's are consecutive)
 are a seeded stream, pass after pass. A batch is filled one document at a time: the source
 furthest behind its weights (in tokens, or in documents with ``share="samples"``) gives the
-first of its next ``lookahead`` documents that fits a row, placed best-fit (the fullest row it
-fits); the batch is closed when none of them fits. Every document so brings its source nearer
-its target, so over the batches so far each source is less than one document ahead of its
-weights (behind by at most one document of every other source), and over any window of batches
-within one document at each end. Sources that run out follow the mixture's policy, as for
-unpacked batches.
+first of its next documents (up to ``lookahead`` looked at) that fits a row, placed best-fit (the fullest row it
+fits); the batch is closed when none of them fits. A source takes a turn only while it is
+furthest behind, so over the batches so far it is never more than one document ahead of its
+weights, and it falls behind only while the others take theirs: over any window of batches each
+source stays within about one document of its weights at each end (the unit tests check one
+``seq_len`` of tokens over the prefix). Sources that run out follow the mixture's policy, as
+for unpacked batches.
 
 The rows are a function of the plan alone (nothing waits in a packing buffer): a resume
 recomputes the same batches, and a change of weights or of the number of ranks re-plans the
-rest of the epoch from the documents of the batches not yet consumed, as ``continue`` does for
-samples. Cost: one Python step per document, ``O(rows + sources)`` each: about 2.5 µs, so
+rest of the epoch from the documents of the batches not yet consumed, as the mixture plan does
+for samples. Cost: one Python step per document, ``O(rows + sources)`` each: about 2.5 µs, so
 1 M documents of 5 sources plan in 2.4 s (``PackedBatchSampler``: 0.08 s; ``benchmarks/README.md``).
 """
 
