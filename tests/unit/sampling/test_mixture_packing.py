@@ -206,3 +206,30 @@ def test_a_packed_state_does_not_load_into_an_unpacked_mixture() -> None:
     state = sampler().state_dict()
     with pytest.raises(ValueError, match="pack"):
         sampler(pack_length=None, batch_size=16).load_state_dict(state)
+
+
+def test_stop_ends_the_packed_epoch_when_a_weighted_source_runs_out() -> None:
+    s = sampler(proportions=[1, 1, 4], exhausted="stop")
+    got = pieces(list(s))
+    assert len(got) == len(set(got))  # nothing twice
+    samples = source([sample for sample, _, _ in got])
+    totals = np.bincount(samples, minlength=3)
+    assert totals[2] == SIZES[2] and totals[0] < SIZES[0] and totals[1] < SIZES[1]
+
+
+def test_repeat_packs_new_passes_and_counts_them() -> None:
+    s = sampler(proportions=[1, 1, 4], exhausted="repeat")
+    got = pieces(list(s))
+    totals = np.bincount(source([sample for sample, _, _ in got]), minlength=3)
+    assert totals.sum() == sum(SIZES)  # num_samples: the epoch's documents
+    assert totals[2] > 2 * SIZES[2]  # source 2 read in several passes
+    assert s.consumed()["passes"][2] == -(-int(totals[2]) // SIZES[2])
+    assert s.consumed()["epoch"]["samples"] == totals.tolist()
+
+
+def test_padding_batches_of_the_last_round_are_not_counted() -> None:
+    ranks = [sampler(num_replicas=4, rank=r) for r in range(4)]  # 309 batches: 3 of padding
+    assert sum(b.num_tokens == 0 for b in iter(ranks[3])) == 1
+    for s in ranks:
+        list(s)
+        assert s.consumed()["epoch"]["samples"] == list(SIZES)
