@@ -221,8 +221,9 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
     (``_mixpack.py``); ``oversize`` is ``"split"`` (default), ``"truncate"`` or ``"error"`` as
     for :class:`~fastload.PackedBatchSampler`, and ``num_samples`` counts documents. The rows
     are a function of the plan, so resume, ``set_proportions`` and a resize behave as without
-    packing; the last round of ranks gets batches of padding only. ``longest_first``,
-    ``pad_to_multiple_of`` and ``warmup`` do not apply.
+    packing; the last round of ranks gets batches of padding only (``drop_last`` drops the
+    batches that do not divide among the ranks instead). ``longest_first``,
+    ``pad_to_multiple_of``, ``window`` and ``warmup`` do not apply.
 
     **Accounting.** :meth:`consumed` gives, per source, the samples and tokens delivered (on all
     ranks together) in the epoch and in the run; ``state_dict`` holds it.
@@ -264,6 +265,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         packed_oversize = "split"
         if seq_len is not None:
             _refuse_with_packing(pad_to_multiple_of=pad_to_multiple_of, longest_first=longest_first, warmup=warmup)
+            if window != 100:  # the default: a packed batch is filled from each source's stream
+                _refuse_with_packing(window=window if window is not None else "None")
             batch_size, max_tokens = _rows_per_batch(seq_len, batch_size, max_tokens), None
             if oversize is not None:
                 packed_oversize = check_choice("oversize", oversize, PACK_OVERSIZE_POLICIES)

@@ -193,6 +193,8 @@ def test_options_that_packing_cannot_honour_are_refused() -> None:
         sampler(longest_first=True)
     with pytest.raises(ValueError, match="pad_to_multiple_of=8 does not apply with pack_length"):
         sampler(pad_to_multiple_of=8)
+    with pytest.raises(ValueError, match="window=10 does not apply with pack_length"):
+        sampler(window=10)
     with pytest.raises(ValueError, match="share"):
         sampler(share="bytes")
     with pytest.raises(ValueError, match="oversize"):
