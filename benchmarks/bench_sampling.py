@@ -43,7 +43,7 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from fastload import LengthGroupedBatchSampler, MixtureBatchSampler, PadCollate
+from fastload import LengthGroupedBatchSampler, MixtureBatchSampler, PackedBatchSampler, PadCollate
 from fastload._collate import _kernels
 from fastload._types import Ragged
 
@@ -299,7 +299,40 @@ def test_mixture_schedule_plan_cost(bench_size: str, benchmark: Any, capsys: pyt
     benchmark.pedantic(lambda: len(MixtureBatchSampler(parts, proportions=list(MIXTURE_SHARES), batch_size=BATCH)), rounds=1)
 
 
-def next_epoch_planner(sampler: LengthGroupedBatchSampler | MixtureBatchSampler) -> Callable[[], int]:
+def test_mixture_packing_and_token_share_plan_cost(
+    bench_size: str, benchmark: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Planning an epoch of the same 5-source mixture (1 M samples, 100 k with ``--size
+    smoke``) packed into rows of 2,048 tokens (8 per batch) and by tokens (``share="tokens"``,
+    ``batch_size=64``), against the mixture by samples and against ``PackedBatchSampler`` over
+    the same lengths: both new plans take one Python step per document or sample."""
+    count = SIZES[bench_size][0]
+    lengths = lognormal_lengths(count)
+    cuts = np.round(np.cumsum((0.0, *MIXTURE_SHARES)) * count).astype(np.int64)
+    parts = [lengths[a:b] for a, b in itertools.pairwise(cuts.tolist())]
+    shares = list(MIXTURE_SHARES)
+    samplers: dict[str, Any] = {
+        "mixture by samples, batch_size=64 (baseline)": MixtureBatchSampler(parts, proportions=shares, batch_size=BATCH),
+        "mixture by tokens, batch_size=64": MixtureBatchSampler(
+            parts, proportions=shares, batch_size=BATCH, share="tokens"
+        ),
+        "mixture packed, 8 rows of 2,048": MixtureBatchSampler(parts, proportions=shares, pack_length=2048, batch_size=8),
+        "PackedBatchSampler, 8 rows of 2,048": PackedBatchSampler(lengths, seq_len=2048, rows=8),
+    }
+    medians = interleaved_medians({name: next_epoch_planner(s) for name, s in samplers.items()}, 3)
+    baseline = medians["mixture by samples, batch_size=64 (baseline)"]
+    rows = [
+        (name, f"{seconds * 1e3:,.0f} ms", f"{seconds / baseline:.2f}x") for name, seconds in medians.items()
+    ]
+    with capsys.disabled():
+        print(table(f"mixture plans per epoch, 5 sources, {count:,} samples", ("plan", "median", "vs samples"), rows))
+    benchmark.extra_info.update({f"{k} (ms)": round(v * 1e3, 1) for k, v in medians.items()})
+    benchmark.pedantic(lambda: len(samplers["mixture packed, 8 rows of 2,048"]), rounds=1)
+
+
+def next_epoch_planner(
+    sampler: LengthGroupedBatchSampler | MixtureBatchSampler | PackedBatchSampler,
+) -> Callable[[], int]:
     """Each call plans the sampler's next epoch (``len`` builds and caches the plan)."""
     epochs = count(1)
 

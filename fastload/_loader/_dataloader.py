@@ -691,6 +691,8 @@ def _planned(batch_sampler: Any) -> bool:
 def _packs(batch_sampler: Any) -> bool:
     from fastload._sampling import PackedBatchSampler
 
+    if isinstance(batch_sampler, MixtureBatchSampler):  # a mixture packs with pack_length
+        return batch_sampler.pack_length is not None
     return isinstance(batch_sampler, PackedBatchSampler)
 
 
@@ -708,6 +710,12 @@ def _packed_sampler(
 
     if _packs(batch_sampler) and sampler is None:
         return batch_sampler  # re-created from its own attributes (Lightning, Accelerate)
+    if isinstance(batch_sampler, MixtureBatchSampler):
+        raise ValueError(
+            f"pack_length={options.pack_length} with a MixtureBatchSampler that does not pack: "
+            f"give it to the sampler, MixtureBatchSampler(..., pack_length={options.pack_length}, "
+            "batch_size=rows), and pass that as batch_sampler"
+        )
     lengths = _own_sampler_lengths("pack_length=", dataset, sampler, batch_sampler)
     if max_tokens is None and batch_size is None:
         raise ValueError("pack_length= needs batch_size (rows per batch) or max_tokens")

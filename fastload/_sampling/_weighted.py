@@ -26,6 +26,15 @@ from fastload._sampling._batch_options import (
     check_optional_int,
 )
 from fastload._sampling._epoch_plan import STREAM_DRAW, epoch_rng
+from fastload._sampling._mixpack import (
+    MIXTURE_SHARES,
+    PackedMixturePlan,
+    PackSettings,
+    compose_packed,
+    join_packed,
+    mixture_documents,
+)
+from fastload._sampling._mixtokens import compose_by_tokens
 from fastload._sampling._mixture import (
     MIXTURE_POLICIES,
     MixturePlan,
@@ -39,6 +48,8 @@ from fastload._sampling._mixture import (
     join,
     remaining_streams,
 )
+from fastload._sampling._packed import _rows_per_batch
+from fastload._sampling._packing_plan import PACK_OVERSIZE_POLICIES
 from fastload._sampling._ranks import Cursor, per_rank_count, rank_positions
 from fastload._sampling._warmup import BatchSizeWarmup
 
@@ -197,6 +208,23 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
     the whole epoch, where ``"stop"`` shortens the epoch to the smallest source and
     ``"renormalize"`` silently shifts the mixture towards the largest sources at its end.
 
+    **Share** (``share``): ``"samples"`` (default) apportions each batch's samples as above;
+    ``"tokens"`` apportions their tokens: a batch is filled one sample at a time by the source
+    furthest behind its weights in tokens (its shortest sample left in the window), so over any
+    window of batches each source's tokens follow the weights within one sample at each end.
+
+    **Packing** (``pack_length``): batches are :class:`~fastload._types.PackedBatch` es of
+    ``batch_size`` rows (or ``max_tokens // pack_length``) of ``pack_length`` tokens, which
+    ``fastload.DataLoader(dataset, batch_sampler=...)`` collates as for its own
+    ``pack_length``. Each document goes to the source furthest behind its weights (by tokens,
+    the default here; ``share="samples"``: by documents), best-fit into the batch's rows
+    (``_mixpack.py``); ``oversize`` is ``"split"`` (default), ``"truncate"`` or ``"error"`` as
+    for :class:`~fastload.PackedBatchSampler`, and ``num_samples`` counts documents. The rows
+    are a function of the plan, so resume, ``set_proportions`` and a resize behave as without
+    packing; the last round of ranks gets batches of padding only (``drop_last`` drops the
+    batches that do not divide among the ranks instead). ``longest_first``,
+    ``pad_to_multiple_of``, ``window`` and ``warmup`` do not apply.
+
     **Accounting.** :meth:`consumed` gives, per source, the samples and tokens delivered (on all
     ranks together) in the epoch and in the run; ``state_dict`` holds it.
 
@@ -213,6 +241,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         proportions: Any,
         num_samples: int | None = None,
         exhausted: str = "repeat",
+        share: str | None = None,
+        pack_length: int | None = None,
         batch_size: int | None = None,
         max_tokens: int | None = None,
         shuffle: bool = True,
@@ -222,7 +252,7 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         num_replicas: int | None = None,
         rank: int | None = None,
         longest_first: bool = False,
-        oversize: str = "error",
+        oversize: str | None = None,
         window: int | None = 100,
         warmup: BatchSizeWarmup | None = None,
     ) -> None:
@@ -231,6 +261,21 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             raise ValueError("lengths must hold at least one dataset's length array; got none")
         self._weights = MixtureWeights(proportions, len(parts))
         self._policy = check_choice("exhausted", exhausted, MIXTURE_POLICIES)
+        seq_len = check_optional_int("pack_length", pack_length, minimum=1)
+        packed_oversize = "split"
+        if seq_len is not None:
+            _refuse_with_packing(pad_to_multiple_of=pad_to_multiple_of, longest_first=longest_first, warmup=warmup)
+            if window != 100:  # the default: a packed batch is filled from each source's stream
+                _refuse_with_packing(window=window if window is not None else "None")
+            batch_size, max_tokens = _rows_per_batch(seq_len, batch_size, max_tokens), None
+            if oversize is not None:
+                packed_oversize = check_choice("oversize", oversize, PACK_OVERSIZE_POLICIES)
+            oversize = None
+        self._share = (
+            ("tokens" if seq_len is not None else "samples")
+            if share is None
+            else check_choice("share", share, MIXTURE_SHARES)
+        )
         super().__init__(
             np.concatenate(parts),
             batch_size=batch_size,
@@ -242,15 +287,30 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             num_replicas=num_replicas,
             rank=rank,
             longest_first=longest_first,
-            oversize=oversize,
+            oversize="error" if oversize is None else oversize,
             window=window,
             warmup=warmup,
         )
         sizes = np.array([part.size for part in parts], dtype=np.int64)
+        self._pack: PackSettings | None = None
+        if seq_len is not None:
+            documents, document_offsets = mixture_documents(parts, seq_len, packed_oversize)
+            self._pack = PackSettings(
+                documents=documents,
+                source_of=np.repeat(np.arange(len(parts), dtype=np.int64), np.diff(document_offsets)),
+                offsets=document_offsets,
+                rows=int(batch_size),  # type: ignore[arg-type]
+                seq_len=seq_len,
+                share=self._share,
+                oversize=packed_oversize,
+            )
+            self._kept = self._kept & (self._lengths > 0)  # an empty sample is in no row
+            self.wraps = False  # the last round of ranks gets batches of padding only
         self._offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
         self._offsets.flags.writeable = False
         if num_samples is None:
-            self._num_samples: int | None = int(sizes.sum()) if self._policy == "repeat" else None
+            per_epoch = int(sizes.sum()) if self._pack is None else self._pack.documents.size
+            self._num_samples: int | None = per_epoch if self._policy == "repeat" else None
         else:
             self._num_samples = check_int("num_samples", num_samples, minimum=0)
         self._members = [
@@ -263,7 +323,11 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             ):
                 raise ValueError(
                     f"dataset {d} has weight > 0 in proportions but no sample to give"
-                    + (" after oversize='skip'" if sizes[d] else "")
+                    + (
+                        (" after oversize='skip'" if self._pack is None else " (every one is empty)")
+                        if sizes[d]
+                        else ""
+                    )
                     + "; give it weight 0 or drop it from lengths"
                 )
         token_lengths = self._lengths
@@ -308,6 +372,26 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
     @property
     def num_sources(self) -> int:
         return int(self._offsets.size - 1)
+
+    @property
+    def share(self) -> str:
+        """What the weights apportion: ``"samples"`` or ``"tokens"``."""
+        return self._share
+
+    @property
+    def pack_length(self) -> int | None:
+        """Tokens per packed row, or ``None`` for batches of whole samples."""
+        return None if self._pack is None else self._pack.seq_len
+
+    @property
+    def seq_len(self) -> int | None:
+        """With ``pack_length``: tokens per packed row (what a packing collate reads)."""
+        return self.pack_length
+
+    @property
+    def rows(self) -> int | None:
+        """With ``pack_length``: rows per packed batch."""
+        return None if self._pack is None else self._pack.rows
 
     @property
     def exhausted(self) -> str:
@@ -363,7 +447,7 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         plan = self._plan(cursor.epoch, cursor.plan_replicas)
         reach = cursor.start + (cursor.consumed + done) * cursor.replicas
         samples, tokens = plan.totals(reach)
-        if reach > plan.num_batches:  # the last round's padding repeats the deal's first batches
+        if reach > plan.num_batches and self.wraps:  # the last round repeats the deal's first batches
             extra_samples, extra_tokens = plan.totals(
                 cursor.start + reach - plan.num_batches, cursor.start
             )
@@ -471,6 +555,13 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             "proportions": self._weights.identity(),
             "exhausted": self._policy,
             "draws": self._num_samples,
+            # absent at the defaults, so that earlier states still load
+            **({} if self._share == "samples" or self._pack is not None else {"share": self._share}),
+            **(
+                {}
+                if self._pack is None
+                else {"pack": [self._pack.seq_len, self._pack.rows, self._pack.oversize, self._share]}
+            ),
         }
 
     def _events_for(self, epoch: int) -> list[tuple[str, int, int]]:
@@ -515,25 +606,41 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
         return last.step + count
 
     def _streams(self, epoch: int) -> Streams:
+        pack = self._pack
         return Streams(
-            members=self._members,
+            members=self._members
+            if pack is None
+            else [np.arange(pack.offsets[d], pack.offsets[d + 1], dtype=np.int64) for d in range(self.num_sources)],
             heads=[np.zeros(0, dtype=np.int64)] * self.num_sources,
             drawn=[0] * self.num_sources,
             seed=self._seed,
             epoch=epoch,
             shuffle=self._options.shuffle,
             passes=self._policy == "repeat",
-            offsets=self._offsets,
+            offsets=self._offsets if pack is None else pack.offsets,
         )
+
+    def _compose(
+        self,
+        weights: MixtureWeights,
+        streams: Streams,
+        segments: list[Segment],
+        position: int,
+        errors: list[float],
+        limit: float,
+        policy: str,
+    ) -> MixturePlan:
+        if self._pack is not None:
+            return compose_packed(self._pack, weights, streams, segments, position, errors, limit, policy)
+        if self._share == "tokens":
+            return compose_by_tokens(self._settings, weights, streams, segments, position, errors, limit, policy)
+        return compose(self._settings, weights, streams, segments, position, errors, limit, policy)
 
     def _base_plan(self, epoch: int, plan_replicas: int, first_step: int) -> MixturePlan:
         weights = self._weights.with_changes([(s, w) for s, w, ep, _ in self._changes if ep < epoch])
         segments = [Segment(position=0, step=first_step, replicas=plan_replicas)]
         limit = math.inf if self._num_samples is None else self._num_samples
-        plan = compose(
-            self._settings, weights, self._streams(epoch), segments, 0,
-            [0.0] * self.num_sources, limit, self._policy,
-        )
+        plan = self._compose(weights, self._streams(epoch), segments, 0, [0.0] * self.num_sources, limit, self._policy)
         if self._options.longest_first and plan.num_batches > 1:
             plan = _largest_first(plan, plan_replicas)
         return plan
@@ -545,7 +652,8 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             return self._mixture_cache[1]
         plan = self._base_plan(epoch, plan_replicas, self._first_step(epoch))
         token_lengths = self._settings.token_lengths
-        if not self._drop_last:
+        evens = not self._drop_last and self._pack is None  # packing fills with padding batches
+        if evens:
             plan = even_out(plan, 0, plan_replicas, token_lengths, 0)
         changes = [(step, weights) for step, weights, ep, _ in self._changes if ep < epoch]
         deal_start = 0
@@ -563,18 +671,23 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
                 change_step, weights, _, _ = self._changes[value]
                 changes.append((change_step, weights))
                 streams = remaining_streams(plan, position, keep_tail=True)
-                delivered = int(plan.counts[:position].sum())
+                delivered = (
+                    int(plan.counts[:position].sum())
+                    if not isinstance(plan, PackedMixturePlan)
+                    else int(plan.stops[position - 1]) if position else 0  # documents
+                )
                 limit = math.inf if self._num_samples is None else self._num_samples - delivered
                 policy = self._policy
             segments = [*plan.segments, Segment(position=position, step=step, replicas=replicas)]
-            tail = compose(
-                self._settings, self._weights.with_changes(changes), streams, segments, position,
-                errors, limit, policy,
-            )
-            plan = join(plan, position, tail)
+            tail = self._compose(self._weights.with_changes(changes), streams, segments, position, errors, limit, policy)
+            if isinstance(plan, PackedMixturePlan):
+                assert isinstance(tail, PackedMixturePlan)
+                plan = join_packed(plan, position, tail)
+            else:
+                plan = join(plan, position, tail)
             if kind == "redeal":
                 deal_start = position
-            if not self._drop_last:
+            if evens:
                 plan = even_out(plan, deal_start, replicas, token_lengths, position)
         self._mixture_cache = (key, plan)
         return plan
@@ -596,10 +709,22 @@ class MixtureBatchSampler(GroupedBatchSamplerBase):
             return
         cursor = self._current
         plan = self._plan(cursor.epoch, cursor.plan_replicas)
-        positions = rank_positions(plan.num_batches, cursor, self._rank, drop_last=self._drop_last)
+        positions = rank_positions(
+            plan.num_batches, cursor, self._rank, drop_last=self._drop_last, wrap=self.wraps
+        )
         done = stream.yielded
         stream._plan = plan
         stream._positions = stream._positions[:done] + positions[done:].tolist()
+
+
+def _refuse_with_packing(**options: Any) -> None:
+    """Options of unpacked batches that packed rows cannot honour, refused by name."""
+    for name, value in options.items():
+        if value not in (None, False):
+            raise ValueError(
+                f"{name}={value!r} does not apply with pack_length: packed rows are full "
+                f"sequences of pack_length tokens; leave {name} out"
+            )
 
 
 def _largest_first(plan: MixturePlan, replicas: int) -> MixturePlan:

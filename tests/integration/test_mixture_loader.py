@@ -104,3 +104,18 @@ def test_consumed_counts_the_delivered_batches_not_the_prefetched_ones(h5: Path)
     assert stats.sources is not None
     assert stats.sources["epoch"]["samples"] == counted["samples"]
     del it
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixture_by_tokens_resumes_exactly_through_the_loader(h5: Path, workers: int) -> None:
+    full = [_ids(b) for b in _loader(h5, workers, share="tokens")]
+    assert sorted(i for b in full for i in b) == list(range(N))
+    for stop in (5, 17):
+        loader = _loader(h5, workers, share="tokens")
+        it = iter(loader)
+        head = [_ids(next(it)) for _ in range(stop)]
+        state = loader.state_dict()
+        del it
+        resumed = _loader(h5, workers, share="tokens")
+        resumed.load_state_dict(state)
+        assert head + [_ids(b) for b in resumed] == full, stop

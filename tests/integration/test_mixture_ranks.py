@@ -73,3 +73,27 @@ def test_a_checkpoint_resumed_on_another_number_of_gloo_ranks_covers_the_epoch_o
     delivered = [i for report in first for batch in report["batches"] for i in batch]
     rest = [i for report in second for batch in report["batches"] for i in batch]
     assert sorted(delivered + rest) == list(range(1_800))  # the epoch, nothing twice
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TIMEOUT_S * 3)
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (4, 2)])
+def test_a_packed_mixture_resumed_on_another_number_of_gloo_ranks_packs_every_sample_once(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    options = json.dumps({"pack_length": 512, "batch_size": 4})  # rows of whole samples
+    first = run_ranks(tmp_path, before, "first", "5", options)
+    assert all(report["world"] == before and report["same_state"] for report in first)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(first[0]["state"]))
+    second = run_ranks(tmp_path, after, "second", "0", options, str(state))
+    assert len({len(report["batches"]) for report in second}) == 1
+    pieces = [
+        tuple(piece)
+        for report in first + second
+        for batch in report["batches"]
+        for row in batch
+        for piece in row
+    ]
+    assert sorted(sample for sample, _, _ in pieces) == list(range(1_800))  # nothing twice
+    assert all(start == 0 for _, start, _ in pieces)
