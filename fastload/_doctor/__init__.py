@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from fastload._capabilities import resolve_collate, resolve_dataset
+from fastload._capabilities import resolve_collate, resolve_dataset, resolve_sampler
 from fastload._doctor import _checks, _system
 from fastload._doctor._census import census
 from fastload._doctor._checks import Plan
@@ -66,7 +66,7 @@ def _first_batch_bytes(loader: Any) -> tuple[int, int] | None:
     try:
         if isinstance(dataset, IterableDataset):
             return None
-        rows = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None) or 1
+        rows = loader.batch_size or resolve_sampler(loader.batch_sampler).batch_size or 1
         if loader.batch_sampler is None:
             batch = loader.collate_fn(dataset[0])
         else:
@@ -188,13 +188,15 @@ def plan(loader: Any, *, full: bool) -> Plan:
 def _slot_bytes(loader: Any, fields: Any) -> int | None:
     """One fast-path slot's bytes, where the sampler says how large its batches can be."""
     from fastload._engine._sizing import slot_bytes_bound
+    from fastload._sampling import MixtureBatchSampler, PackedBatchSampler
 
     sampler = loader.batch_sampler
-    rows = getattr(sampler, "batch_size", None)
-    budget = getattr(sampler, "max_tokens", None)
-    rows = rows if isinstance(rows, int) else None
-    budget = budget if isinstance(budget, int) else None
-    if fields is None or (rows is None and budget is None) or getattr(sampler, "seq_len", None) is not None:
+    said = resolve_sampler(sampler)  # what it declares (fastload._capabilities), never a name probe
+    rows, budget = said.batch_size, said.max_tokens
+    packs = isinstance(sampler, PackedBatchSampler) or (
+        isinstance(sampler, MixtureBatchSampler) and sampler.pack_length is not None
+    )
+    if fields is None or (rows is None and budget is None) or packs:
         return None
     try:
         lengths = np.asarray(loader.dataset.lengths)
