@@ -180,7 +180,8 @@ def test_thirty_epochs_grow_neither_file_descriptors_nor_child_processes() -> No
 
 _PARENT_SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import faulthandler, signal, sys, time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out asks for stacks
     sys.path.insert(0, {here!r})
     import torch.multiprocessing
     import fastload
@@ -230,7 +231,14 @@ def test_keyboard_interrupt_in_the_training_loop_leaves_no_worker_behind() -> No
         assert len(pids) == 2
         time.sleep(0.3)
         parent.send_signal(signal.SIGINT)
-        _, err = parent.communicate(timeout=10)
+        try:
+            _, err = parent.communicate(timeout=60)  # bounds a hang; exits in well under 1 s idle
+        except subprocess.TimeoutExpired:
+            parent.send_signal(signal.SIGUSR1)  # every thread's stack, for the report
+            time.sleep(1)
+            parent.kill()
+            _, err = parent.communicate()
+            raise AssertionError(f"the loop did not end 60 s after Ctrl-C; its threads:\n{err[-6000:]}") from None
         assert parent.returncode != 0
         assert "KeyboardInterrupt" in err
         assert _wait_gone(pids, 30) == []
