@@ -40,6 +40,7 @@ every fence has passed (waiting then, bounded, for copies still queued).
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import mmap
 import os
@@ -178,6 +179,11 @@ class _Segment:
         os.close(self.fd)
         with contextlib.suppress(BufferError):  # tensors still view it: unmapped when they die
             self.mm.close()
+
+
+#: How long after a Ctrl-C lost in a release callback it is raised again (the callback has
+#: long returned by then).
+_INTERRUPT_AGAIN_S = 0.05
 
 
 class SlotArena:
@@ -445,6 +451,15 @@ class SlotArena:
     def _on_collected(self, watch: weakref.ref[np.ndarray]) -> None:
         # On the consumer's thread as it lets a batch go: O(1), no lock, no system call
         # (NOTE [letting a batch go]).
+        try:
+            self._take_back(watch)
+        except KeyboardInterrupt:
+            # Ctrl-C landed in this callback, whose exceptions Python only prints; raised again
+            # from here it would land here again. A timer hands it back to the consumer's
+            # thread once the callback has returned, where the training loop sees it.
+            threading.Timer(_INTERRUPT_AGAIN_S, _thread.interrupt_main).start()
+
+    def _take_back(self, watch: weakref.ref[np.ndarray]) -> None:
         fence = None
         if self._pin is not None:
             _, ref = self._exports[id(watch)]

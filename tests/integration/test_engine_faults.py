@@ -182,6 +182,8 @@ _PARENT_SCRIPT = textwrap.dedent(
     """
     import faulthandler, signal, sys, time
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that times out asks for stacks
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's Ctrl-C, even when
+    # the suite was started in the background, where SIGINT arrives ignored
     sys.path.insert(0, {here!r})
     import torch.multiprocessing
     import fastload

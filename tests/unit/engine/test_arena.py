@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import time
 from typing import Any
 
 import numpy as np
@@ -243,4 +245,30 @@ def test_a_temporary_slot_counts_against_max_bytes() -> None:
     with pytest.raises(SharedMemoryError, match=bound):
         arena.temporary(14 * MiB + 1, "the batch of 1 samples [7]")
     assert arena.total_bytes == 2 * MiB
+    arena.close()
+
+
+class _CtrlCInRelease(_Stream):
+    """A device whose fence is where Ctrl-C lands: as if SIGINT arrived while the consumer's
+    thread ran the release callback of the batch it let go."""
+
+    def fence(self) -> int:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_landing_in_the_release_of_a_batch_reaches_the_training_loop() -> None:
+    # An exception in a weakref callback is only printed, never raised: Ctrl-C pressed while
+    # `batch` is rebound would be lost and the loop would go on.
+    arena = SlotArena(slot_bytes=10_000, slots=2, max_bytes=1 << 26, pin=_CtrlCInRelease())
+    base = arena.export(arena.reserve(), 64)
+    # A terminal's Ctrl-C, even where the suite was started in the background (SIGINT ignored).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        deadline = time.monotonic() + 30  # bounds a wait for the interrupt, not a race
+        with pytest.raises(KeyboardInterrupt):
+            del base
+            while time.monotonic() < deadline:  # the training loop's next steps
+                time.sleep(0.001)
+    finally:
+        signal.signal(signal.SIGINT, before)
     arena.close()
