@@ -46,6 +46,7 @@ import mmap
 import os
 import tempfile
 import threading
+import time
 import warnings
 import weakref
 from collections import deque
@@ -55,6 +56,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from fastload._protocols import ALIGN
+from fastload._threads import start_own_thread
 from fastload.errors import SharedMemoryError
 
 _PAGE = mmap.PAGESIZE
@@ -184,6 +186,11 @@ class _Segment:
 #: How long after a Ctrl-C lost in a release callback it is raised again (the callback has
 #: long returned by then).
 _INTERRUPT_AGAIN_S = 0.05
+
+
+def _interrupt_main_later() -> None:
+    time.sleep(_INTERRUPT_AGAIN_S)
+    _thread.interrupt_main()
 
 
 class SlotArena:
@@ -457,7 +464,7 @@ class SlotArena:
             # Ctrl-C landed in this callback, whose exceptions Python only prints; raised again
             # from here it would land here again. A timer hands it back to the consumer's
             # thread once the callback has returned, where the training loop sees it.
-            threading.Timer(_INTERRUPT_AGAIN_S, _thread.interrupt_main).start()
+            start_own_thread(_interrupt_main_later, "fastload-interrupt")
 
     def _take_back(self, watch: weakref.ref[np.ndarray]) -> None:
         fence = None

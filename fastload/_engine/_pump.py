@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from fastload._engine._deadline import MAX_BLOCK_S, Deadline
 from fastload._engine._engine import Engine
 from fastload._engine._messages import DONE, ERROR, FAILED, OK, Delivery
+from fastload._threads import own_thread
 from fastload._types import Counts
 
 _END = object()  # the index source is spent
@@ -139,7 +140,7 @@ class Pump:
         self._park = threading.Condition(threading.Lock())
         self._waker = Waker()
         self._inline_poll: tuple[int, list[int], select.poll] | None = None  # see _inline_poller
-        self._thread = threading.Thread(target=self._run_thread, name="fastload-pump", daemon=True)
+        self._thread = own_thread(self._run_thread, "fastload-pump")
         self._started = False
         self._follow_pace()  # inline, unless the thresholds say otherwise (tests set them)
 

@@ -28,6 +28,8 @@ import weakref
 from multiprocessing import process as mp_process
 from typing import Any
 
+from fastload._threads import start_own_thread
+
 GRACE_S = 5.0  # how long a process that said goodbye may take to exit before SIGTERM
 _SIGNAL_WAIT_S = 1.0  # after SIGTERM, and after SIGKILL
 
@@ -64,8 +66,7 @@ class _Reaper:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="fastload-reaper", daemon=True)
-                    self._thread.start()
+                    self._thread = start_own_thread(self._run, "fastload-reaper")
 
     def _run(self) -> None:
         while (procs := self._queue.get()) is not None:

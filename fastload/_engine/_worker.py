@@ -17,7 +17,6 @@ import queue
 import random
 import select
 import signal
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from fastload._engine._fetch import IterableFetcher, make_fetcher
 from fastload._engine._host import WorkerHost
 from fastload._engine._messages import EXHAUSTED, FAILED, OK, Kind, Reply, Resume, WorkerFailure
 from fastload._engine._transport import dumps, take_frames, write_frame
+from fastload._threads import start_own_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -319,7 +319,7 @@ def _readahead(spec: WorkerSpec) -> Callable[[list[Any]], None] | None:
             with contextlib.suppress(IndexError, OSError, TypeError, ValueError):
                 willneed(getattr(index, "indices", index))
 
-    threading.Thread(target=run, name="fastload-readahead", daemon=True).start()
+    start_own_thread(run, "fastload-readahead")
 
     def hint(messages: list[Any]) -> None:
         for message in messages:

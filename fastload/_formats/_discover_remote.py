@@ -44,6 +44,7 @@ from fastload._formats._discover_hdf5 import RangedFile, describe_hdf5
 from fastload._formats._fields import check_same_fields, pick_length_field
 from fastload._formats._ipc_offsets import ipc_list_lengths, ipc_rows
 from fastload._remote import INDEX_NAME, DatasetIndex, ObjectInfo, ShardEntry, Store
+from fastload._threads import own_thread
 from fastload._types import Field
 from fastload.errors import DataFileNotFoundError, DataFormatError, FastloadError
 
@@ -283,7 +284,7 @@ def bounded_map(function: Callable[[ObjectInfo], _T], items: Sequence[ObjectInfo
                     errors.append(exc)
                 return
 
-    helpers = [threading.Thread(target=work, name=f"fastload-describe-{n}", daemon=True) for n in range(min(threads, len(items)) - 1)]
+    helpers = [own_thread(work, f"fastload-describe-{n}") for n in range(min(threads, len(items)) - 1)]
     for helper in helpers:
         helper.start()
     work()

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from fastload._threads import start_own_thread
+
 _log = logging.getLogger("fastload")
 
 #: Batches of the plan mapped to shards at a time (the walk ahead is lazy, chunk by chunk).
@@ -84,8 +86,7 @@ class ShardPrefetcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._planner = threading.Thread(target=self._run, name="fastload-prefetch", daemon=True)
-        self._planner.start()
+        self._planner = start_own_thread(self._run, "fastload-prefetch")
 
     # -- the walk over the plan ------------------------------------------------------------------
 
@@ -224,8 +225,7 @@ class ShardPrefetcher:
     def _start(self, shard: int) -> None:
         with self._lock:
             self._flight.add(shard)
-        thread = threading.Thread(target=self._download, args=(shard,), daemon=True)
-        thread.start()
+        thread = start_own_thread(self._download, f"fastload-fetch-{shard}", (shard,))
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
 
     def _download(self, shard: int) -> None:

@@ -51,6 +51,7 @@ from fastload._loader._options import LoaderOptions
 from fastload._loader._resume import EpochProgress, SkipPositions
 from fastload._loader._shard_traffic import ShardTraffic
 from fastload._metrics import AutoTuner, LoaderStats, StallMeter
+from fastload._threads import on_own_thread, start_own_thread
 from fastload._types import Counts
 
 _log = logging.getLogger("fastload")
@@ -351,7 +352,16 @@ class _BaseIterator(abc.ABC):
         self._stop_shard_prefetch()
 
     def __del__(self) -> None:
-        self._shutdown()
+        # NOTE [closing from a finalizer]: the cyclic collector may finalize this iterator on
+        # any thread, one of ours included: the engine's thread in the middle of a step, with
+        # the lock that closing takes held, or the shard prefetcher's, which closing joins.
+        # There closing would wait for itself, and the collector with it, so no cycle in the
+        # process would ever be collected again. On our threads a thread of its own closes it
+        # (keeping it alive until then); on the caller's, ``del it`` stops the workers at once.
+        if on_own_thread():
+            start_own_thread(self._shutdown, "fastload-close")
+        else:
+            self._shutdown()
 
     def __getstate__(self) -> Any:
         raise NotImplementedError(f"{type(self).__name__} cannot be pickled")

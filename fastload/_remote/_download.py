@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable
 
 from fastload._remote._retry import Retrier
+from fastload._threads import own_thread
 
 
 def check_download_args(*, size: int, start: int, parallel: int, part_bytes: int) -> None:
@@ -71,7 +72,7 @@ def download_ranges(
                 failed.set()
                 return
 
-    helpers = [threading.Thread(target=work, name=f"fastload-download-{i}", daemon=True) for i in range(min(parallel, len(parts)) - 1)]
+    helpers = [own_thread(work, f"fastload-download-{i}") for i in range(min(parallel, len(parts)) - 1)]
     for helper in helpers:
         helper.start()
     work()

@@ -16,6 +16,7 @@ import os
 import select
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,55 @@ def test_dropping_the_iterator_while_the_thread_is_parked_stops_it_and_the_worke
     gc.collect()
     assert wait_until(lambda: not _pump_threads())
     assert wait_until(lambda: not any(alive(p) for p in pids))
+
+
+class _Cycle:
+    """An object only a reference cycle keeps: what the collector must still free."""
+
+    def __init__(self, payload: Any = None) -> None:
+        self.me, self.payload = self, payload
+
+
+def test_an_iterator_collected_on_the_engine_thread_mid_step_is_closed_and_collection_goes_on(
+    h5: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An iterator dropped in a reference cycle (a loop ended by an exception the caller kept) is
+    # freed by the cyclic collector, which runs on whichever thread allocates past its
+    # threshold: here the engine's own, in the middle of a step, with the lock closing takes
+    # held. Before, closing waited for that lock forever, and every later collection in the
+    # process returned at once (a clean-clone CI run: engine threads and iterators piling up
+    # test after test, then a segfault at exit). The collection is forced there, once.
+    step = _pump.Pump._step
+    collected_on_the_thread = threading.Event()
+
+    def step_then_collect(pump: _pump.Pump, *args: Any) -> None:
+        step(pump, *args)
+        if threading.current_thread().name == "fastload-pump" and not collected_on_the_thread.is_set():
+            collected_on_the_thread.set()
+            gc.collect()
+
+    monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)  # the thread drives throughout
+    monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)
+    gc.collect()
+    gc.disable()  # only the collection forced on the engine's thread frees the cycle below
+    try:
+        it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
+        pids = it.worker_pids
+        for _ in range(3):
+            next(it)
+        monkeypatch.setattr(_pump.Pump, "_step", step_then_collect)
+        held = weakref.ref(_Cycle(it))
+        del it
+        assert held() is not None  # only the cycle holds the iterator now
+        assert wait_until(collected_on_the_thread.is_set)
+        assert wait_until(lambda: not _pump_threads())
+        assert wait_until(lambda: not any(alive(p) for p in pids))
+        assert wait_until(lambda: held() is None)  # closed, then freed
+        later = weakref.ref(_Cycle())
+        gc.collect()
+        assert later() is None  # the collector still collects
+    finally:
+        gc.enable()
 
 
 def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:

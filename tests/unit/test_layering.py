@@ -66,7 +66,7 @@ def test_lower_layers_do_not_import_higher_ones(name: str, tree: ast.Module) -> 
 # The packages from the bottom up, as the README's layout lists them: each imports only those
 # before it (its own modules aside).
 ORDER = [
-    "_types", "_protocols", "_capabilities", "errors", "_storage", "_remote", "_formats", "_sampling",
+    "_types", "_threads", "_protocols", "_capabilities", "errors", "_storage", "_remote", "_formats", "_sampling",
     "_collate", "_engine", "_metrics", "_device", "_doctor", "_loader", "_integrations", "hf",
     "accelerate", "_apps", "cli", "__main__",
 ]  # fmt: skip
@@ -115,6 +115,21 @@ def test_only_the_device_package_touches_cuda(name: str, tree: ast.Module) -> No
         if isinstance(node, ast.Attribute) and node.attr == "cuda" and isinstance(node.value, ast.Name) and node.value.id == "torch"
     ]
     assert uses == [], f"{name} uses torch.cuda on lines {uses}"
+
+
+@pytest.mark.parametrize(("name", "tree"), MODULES, ids=[m for m, _ in MODULES])
+def test_every_thread_the_library_starts_is_made_by_own_thread(name: str, tree: ast.Module) -> None:
+    # A finalizer tells fastload's threads from the caller's by it (NOTE [closing from a
+    # finalizer]): a thread made elsewhere would close an iterator where it may wait on itself.
+    if name == "fastload._threads":
+        return
+    made = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)) in ("Thread", "Timer")
+    ]
+    assert made == [], f"{name} starts a thread on lines {made}: use fastload._threads.own_thread"
 
 
 # -- packages talk through what they make public ----------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +16,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from fastload._threads import start_own_thread
 from fastload.errors import WorkerCrashedError
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ def _initialize(
     make: Callable[[Any], Callable[[Any], Any]], argument: Any, parent_pid: int
 ) -> None:
     global _function
-    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    start_own_thread(_exit_when_orphaned, "fastload-orphan-watch", (parent_pid,))
     _function = make(argument)
 
 
