@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -20,12 +21,18 @@ def free_port() -> int:
 
 
 def run_world(
-    script: Path, world: int, argv: Callable[[int], Sequence[str]], timeout_s: float, local_world: bool = False
+    script: Path,
+    world: int,
+    argv: Callable[[int], Sequence[str]],
+    timeout_s: float,
+    local_world: bool = False,
+    preload: Sequence[str] = ("torch", "torch.distributed", "fastload"),
 ) -> None:
     """Run ``script`` as ranks 0..world-1 (``argv(rank)`` its arguments) and wait for all of them;
-    a rank that fails or outlives ``timeout_s`` fails the test with its output, and none is left."""
+    a rank that fails or outlives ``timeout_s`` fails the test with its output, and none is left.
+    The ranks are forked from one process that imported ``preload`` (``_gloo_world.py``)."""
     port = free_port()
-    processes = []
+    envs = []
     for rank in range(world):
         env = {
             **os.environ,
@@ -38,22 +45,26 @@ def run_world(
         }
         if local_world:
             env["LOCAL_WORLD_SIZE"] = str(world)
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, str(script), *argv(rank)],
-                env=env,
-                cwd=REPO_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    try:
-        for rank, process in enumerate(processes):
-            output, _ = process.communicate(timeout=timeout_s)
-            assert process.returncode == 0, f"rank {rank} exited {process.returncode}:\n{output}"
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+        envs.append(env)
+    logs = [f"{script}.rank{rank}.log" for rank in range(world)]
+    spec = {
+        "script": str(script),
+        "argvs": [list(argv(rank)) for rank in range(world)],
+        "envs": envs,
+        "logs": logs,
+        "timeout_s": timeout_s,
+        "preload": list(preload),
+    }
+    launcher = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("_gloo_world.py")), json.dumps(spec)],
+        env=envs[0],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s + 60,
+    )
+    assert launcher.returncode == 0, f"the world's launcher exited {launcher.returncode}:\n{launcher.stderr}"
+    codes = json.loads(launcher.stdout.strip().splitlines()[-1])
+    for rank, code in enumerate(codes):
+        said = Path(logs[rank]).read_text() if Path(logs[rank]).exists() else ""
+        assert code == 0, f"rank {rank} {'outlived ' + str(timeout_s) + ' s' if code is None else f'exited {code}'}:\n{said}"

@@ -491,7 +491,15 @@ def test_iteration_goes_on_after_a_dataset_exception(num_workers: int) -> None:
 
 
 @WORKERS_0_2
-def test_map_dataset_raising_stop_iteration_ends_the_epoch(num_workers: int) -> None:
+def test_map_dataset_raising_stop_iteration_ends_the_epoch(num_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch's workers that ended this way are told nothing at shutdown: they notice it at their
+    # next status check, every MP_STATUS_CHECK_INTERVAL (5 s), while torch waits for each in
+    # turn. Checking every 0.1 s changes nothing but the 10 s this test spent in that wait.
+    import torch.utils.data._utils as torch_utils
+    import torch.utils.data._utils.worker as torch_worker
+
+    monkeypatch.setattr(torch_utils, "MP_STATUS_CHECK_INTERVAL", 0.1)
+    monkeypatch.setattr(torch_worker, "MP_STATUS_CHECK_INTERVAL", 0.1)
     ds = dd.StopsEarly(10, stop_at=5)
     result = assert_matches_torch(
         lambda cls: epochs_of(cls, ds, batch_size=2, num_workers=num_workers)

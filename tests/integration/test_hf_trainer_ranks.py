@@ -87,7 +87,8 @@ def _run_ranks(h5: Path, work: Path) -> list[dict[str, Any]]:
     script = work / "rank.py"
     script.write_text(RANK_SCRIPT)
     here = str(Path(__file__).parent)
-    run_world(script, WORLD_SIZE, lambda rank: [str(h5), str(work), here], TIMEOUT_S, local_world=True)
+    preload = ("torch", "torch.distributed", "fastload", "fastload.hf", "transformers")
+    run_world(script, WORLD_SIZE, lambda rank: [str(h5), str(work), here], TIMEOUT_S, local_world=True, preload=preload)
     return [json.loads((work / f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)]
 
 
