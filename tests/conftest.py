@@ -9,6 +9,7 @@ marked ``host_tuned`` checks its mechanism and runs with it on whatever the envi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,11 @@ def _host_tuning_for_tests_of_its_mechanisms(request: pytest.FixtureRequest, mon
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tests/ray last: the Ray instance they start lives to the end of the session (eight idle
+    # processes beside every later test on 2 cores), and a process that has run Ray keeps its
+    # threads and its SIGTERM handler after ray.shutdown(), which later forks inherit.
+    ray_dir = Path(__file__).parent / "ray"
+    items.sort(key=lambda item: item.path.is_relative_to(ray_dir))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none on this machine")

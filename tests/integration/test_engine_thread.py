@@ -338,14 +338,16 @@ def test_an_iterator_collected_on_the_engine_thread_mid_step_is_closed_and_colle
         pids = it.worker_pids
         for _ in range(3):
             next(it)
-        monkeypatch.setattr(_pump.Pump, "_step", step_then_collect)
-        held = weakref.ref(_Cycle(it))
-        del it
+        cycle = _Cycle(it)
+        held = weakref.ref(cycle)
+        del it, cycle
         assert held() is not None  # only the cycle holds the iterator now
-        assert wait_until(collected_on_the_thread.is_set)
-        assert wait_until(lambda: not _pump_threads())
-        assert wait_until(lambda: not any(alive(p) for p in pids))
-        assert wait_until(lambda: held() is None)  # closed, then freed
+        monkeypatch.setattr(_pump.Pump, "_step", step_then_collect)  # the thread's next step
+        # Bounds for a loaded host, not races: each wait ends as soon as it holds.
+        assert wait_until(collected_on_the_thread.is_set, timeout_s=30)
+        assert wait_until(lambda: held() is None, timeout_s=30)  # the collection there took the cycle
+        assert wait_until(lambda: not _pump_threads(), timeout_s=30)  # then the iterator closed
+        assert wait_until(lambda: not any(alive(p) for p in pids), timeout_s=30)
         later = weakref.ref(_Cycle())
         gc.collect()
         assert later() is None  # the collector still collects

@@ -1,7 +1,6 @@
 """One local Ray instance for the whole of tests/ray (2 CPUs, no dashboard, on 127.0.0.1),
-started at the first test that asks for it and stopped after the last (an idle instance kept to
-the end of the session slowed every later test on 2 cores: 3.9 s against 6.6 s for one
-benchmark); and the S3
+started at the first test that asks for it and stopped at the end of the session (these tests
+run last: see tests/conftest.py); and the S3
 test server of tests/remote, whose fixtures are loaded from there so that both suites share one
 server implementation. Without Ray installed, every test here is skipped."""
 
@@ -35,7 +34,7 @@ s3_server = _remote.s3_server  # type: ignore[attr-defined]
 bucket = _remote.bucket  # type: ignore[attr-defined]
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
     """The running instance's GCS address (what ``--ray-address`` takes). Conversions in this
     process find Ray initialized and use it; a CLI in a subprocess connects with the address."""
