@@ -116,6 +116,7 @@ def _medians(
         read(index_sets[0])  # warm up: open files, map them, fault in the index data
     times: dict[str, list[float]] = {name: [] for name in cases}
     gc.disable()  # as timeit does: a collection would land on whichever read triggered it
+    gc.freeze()  # the collections between blocks scan what the reads made, not the whole heap
     try:
         for round_ in range(rounds):
             for name, (read, count) in cases.items():
@@ -125,6 +126,7 @@ def _medians(
                     times[name].append(time.process_time() - start)
                 gc.collect()
     finally:
+        gc.unfreeze()
         gc.enable()
     return {name: float(np.median(t)) for name, t in times.items()}
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import contextlib
 import dataclasses
 import logging
 import os
@@ -359,7 +360,10 @@ class _BaseIterator(abc.ABC):
         # process would ever be collected again. On our threads a thread of its own closes it
         # (keeping it alive until then); on the caller's, ``del it`` stops the workers at once.
         if on_own_thread():
-            start_own_thread(self._shutdown, "fastload-close")
+            # At interpreter exit no thread starts: multiprocessing's exit handler then ends the
+            # workers (daemonic), as it does for an iterator never closed.
+            with contextlib.suppress(RuntimeError):
+                start_own_thread(self._shutdown, "fastload-close")
         else:
             self._shutdown()
 

@@ -24,7 +24,7 @@ import traceback
 import typing
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,7 @@ def loader_cls(request: pytest.FixtureRequest) -> LoaderClass:
     return cls
 
 
-@pytest.fixture(autouse=True)
-def _collect_loaders_left_in_cycles() -> Iterator[None]:
-    """An exception's traceback keeps an iterator (and its workers) alive in a reference cycle;
-    collect it after each test, so that its shutdown is not charged to the next test."""
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_what_the_test_left")
 
 
 def flat(batches: list[torch.Tensor]) -> list[int]:
@@ -542,7 +537,6 @@ def test_fastload_worker_init_fn_error_names_the_batch_it_failed() -> None:
 def test_an_iterator_whose_start_raises_leaves_nothing_to_clean_up_that_fails(num_workers: int) -> None:
     """``iter()`` raising half-way (here torch's pin-memory warning, an error under this suite's
     filters) leaves an iterator half made; collecting it must not raise in ``__del__``."""
-    import gc
 
     loader = fastload.DataLoader(list(range(8)), batch_size=4, pin_memory=True, num_workers=num_workers)
     with pytest.raises(UserWarning, match="pin_memory"):

@@ -8,13 +8,12 @@ afresh for each run. All datasets live in ``_dropin_datasets`` (importable by sp
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import random
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,12 +73,7 @@ def epochs_of(cls: LoaderClass, dataset: Any, epochs: int = 1, **kwargs: Any) ->
     return [list(loader) for _ in range(epochs)]
 
 
-@pytest.fixture(autouse=True)
-def _collect_loaders_left_in_cycles() -> Iterator[None]:
-    """An exception's traceback keeps an iterator (and its workers) alive in a reference cycle;
-    collect it after each test, so that its shutdown is not charged to the next test."""
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_what_the_test_left")
 
 
 def seeded(seed: int) -> torch.Generator:
