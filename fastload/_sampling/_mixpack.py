@@ -23,12 +23,12 @@ for samples. Cost: one Python step per document, ``O(rows + sources)`` each: abo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import numpy.typing as npt
 
-from fastload._sampling._mixture import MixturePlan, MixtureWeights, Segment, Streams
+from fastload._sampling._mixture import MixturePlan, MixtureWeights, Segment, Streams, join
 from fastload._sampling._packing_plan import Documents, cut_documents
 from fastload._types import PackedBatch
 from fastload.errors import OversizeSampleError
@@ -226,21 +226,12 @@ def _finish_packed(
 
 
 def join_packed(head: PackedMixturePlan, position: int, tail: PackedMixturePlan) -> PackedMixturePlan:
-    """``head``'s batches before ``position``, then ``tail``'s."""
+    """``head``'s batches before ``position``, then ``tail``'s (:func:`join`, and the rows)."""
     assert head.pack is not None
+    joined = join(head, position, tail)
     end = int(head.stops[position - 1]) if position else 0
-    indices = np.concatenate((head.indices[:end], tail.indices))
-    indices.flags.writeable = False
     return PackedMixturePlan(
-        indices=indices,
-        starts=np.concatenate((head.starts[:position], tail.starts + end)),
-        stops=np.concatenate((head.stops[:position], tail.stops + end)),
-        counts=np.concatenate((head.counts[:position], tail.counts)),
-        tokens=np.concatenate((head.tokens[:position], tail.tokens)),
-        errors=np.concatenate((head.errors[:position], tail.errors)),
-        padded=head.padded,
-        segments=tail.segments,
-        streams=tail.streams,
+        **{f.name: getattr(joined, f.name) for f in fields(MixturePlan)},
         row_offsets=np.concatenate((head.row_offsets[: position * head.pack.rows], tail.row_offsets + end)),
         pack=head.pack,
     )
