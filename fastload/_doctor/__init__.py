@@ -142,7 +142,7 @@ def plan(loader: Any, *, full: bool) -> Plan:
     per worker."""
     from fastload._engine._main_guard import start_method
     from fastload._formats._base import ShardedDataset
-    from fastload._formats._remote_reads import MAX_OPEN_REMOTE_SHARDS, RemoteShards
+    from fastload._shards import MAX_OPEN_REMOTE_SHARDS
 
     dataset = loader.dataset
     workers = int(loader.num_workers)
@@ -155,7 +155,7 @@ def plan(loader: Any, *, full: bool) -> Plan:
     shards = 1
     if isinstance(dataset, ShardedDataset):
         shards = len(dataset.shard_sizes)
-    cache = dataset.shard_cache_plan() if isinstance(dataset, RemoteShards) else None
+    cache = dataset.shard_cache_plan() if isinstance(dataset, ShardedDataset) else None
     if cache is not None:
         shards = min(shards, MAX_OPEN_REMOTE_SHARDS)
     plain = dataset is not None and not iterable and not own.reads_batches

@@ -16,18 +16,14 @@ from fastload._formats._arrow_shard import ArrowShard, check_nulls
 from fastload._formats._arrow_source import ARROW_ERRORS, Segments, open_segments
 from fastload._formats._base import ShardedDataset, ShardReader
 from fastload._formats._block_cache import BlockCache
+from fastload._formats._discover_remote import derive_index
 from fastload._formats._fields import check_same_fields, pick_length_field, requested_names
 from fastload._formats._parquet_copy import copy_name, decoded_copy
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
-from fastload._formats._remote_source import (
-    RemoteSource,
-    check_as_indexed,
-    local_only,
-    remote_fields,
-)
 from fastload._formats._sniff import sniff
 from fastload._formats._validate import check_positive_int
 from fastload._remote import is_remote
+from fastload._shards import RemoteSource, ShardFile, local_only, remote_fields
 from fastload._storage import cache_root
 from fastload._types import Field
 from fastload.errors import DataFileNotFoundError, DataFormatError
@@ -160,19 +156,19 @@ class ArrowDataset(ShardedDataset):
                 storage_options=storage_options,
                 cache_dir=None if cache_dir is False else cache_dir,
                 cache_limit=cache_limit,
+                derive=derive_index,
             )
             fields_read, length_name = remote_fields(source, "arrow", requested, length_field)
             shard_sizes = [s.samples for s in source.index.shards]
-            super().__init__(source.urls, fields_read, shard_sizes, length_name, cache_bytes)
-            self._remote = source
+            super().__init__(source.urls, fields_read, shard_sizes, length_name, cache_bytes, remote=source)
             self._specs: dict[str, ArrowField] = {}  # found in each shard as it is opened
-            self._read_paths = list(source.urls)
             return
         local_only("ArrowDataset", storage_options=storage_options, cache_limit=cache_limit)
         files = resolve_paths(path, expand_directory=expand_directory)
         specs: dict[str, ArrowField] = {}
         sizes: list[int] = []
         read_paths: list[str] = []
+        names: list[str] = []
         for file in files:
             segments = open_segments(str(file))
             read_path = shown = str(file)
@@ -189,22 +185,17 @@ class ArrowDataset(ShardedDataset):
                     copy, segments = _read_through_copy(file, segments, specs, copies)
                     read_path, shown = str(copy), copy_name(file, copy)
                 read_paths.append(read_path)
+                names.append(shown)
                 check_nulls(segments, specs, null_fill, sum(sizes), shown)
                 sizes.append(int(segments.rows.sum()))
             finally:
                 segments.close()
         described = _described(specs)
         chosen_length_field = pick_length_field(described, length_field, str(files[0]))
-        super().__init__(files, described, sizes, chosen_length_field, cache_bytes)
+        super().__init__(
+            files, described, sizes, chosen_length_field, cache_bytes, read_paths=read_paths, names=names
+        )
         self._specs = specs
-        self._read_paths = read_paths
-
-    def _shard_name(self, shard: int) -> str:
-        source, read = self._files[shard], self._read_paths[shard]
-        return source if read == source else copy_name(Path(source), Path(read))
-
-    def _read_path(self, shard: int) -> str:
-        return self._read_paths[shard]
 
     def _reader_for_hints(self, shard: int) -> ShardReader | None:
         """The shard, opened in this process if it is not yet: Arrow maps the file, which no
@@ -212,11 +203,11 @@ class ArrowDataset(ShardedDataset):
         to count its rows, and then has nothing to advise)."""
         return self._shard(shard)
 
-    def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ArrowShard:
-        if self._remote is not None:
-            return self._open_remote_shard(shard, cache)
+    def _open_shard(self, shard: int, file: ShardFile, cache: BlockCache[Any]) -> ArrowShard:
+        if not file.described:
+            return self._open_new_shard(shard, file, cache)
         first = int(self._shard_starts[shard])
-        path, shown = self._read_paths[shard], self._shard_name(shard)
+        path, shown = file.path, file.name
         try:
             return ArrowShard(path, shard, first, self._specs, self._null_fill, cache, shown)
         except FileNotFoundError as exc:
@@ -229,23 +220,22 @@ class ArrowDataset(ShardedDataset):
                 path,
             ) from exc
 
-
-    def _open_remote_shard(self, shard: int, cache: BlockCache[Any]) -> ArrowShard:
-        """A remote shard, once in the local cache, read as a local file is (a Parquet shard
-        through its decoded copy); its fields must be the index's."""
-        local = Path(self._remote_local_path(shard))
-        url = self._files[shard]
+    def _open_new_shard(self, shard: int, file: ShardFile, cache: BlockCache[Any]) -> ArrowShard:
+        """A shard first seen now (a remote one, in the local cache), read as a local file is
+        (a Parquet shard through its decoded copy); it must hold what its index says."""
+        local = Path(file.path)
+        url = file.name
         segments = open_segments(str(local))
         read_path, shown = str(local), url
         try:
             specs = select_fields(url, segments.schema, self._requested)
             specs = {name: specs[name] for name in self._fields if name in specs}
-            check_as_indexed(url, _described(specs), int(segments.rows.sum()), self)
+            file.check_holds(_described(specs), int(segments.rows.sum()), self._fields)
             if self._copies is not None and sniff(local) == "parquet":
                 copy, segments = _read_through_copy(local, segments, specs, self._copies)
                 read_path = str(copy)
             first = int(self._shard_starts[shard])
-            checked = self._checked_in_cache(shard)
+            checked = file.checked
             if not checked:
                 check_nulls(segments, specs, self._null_fill, first, shown)
         finally:

@@ -2,16 +2,18 @@
 paths and options, and the map-style interface built on ``read_batch``.
 
 A subclass describes its files once, at construction in the parent process (fields, samples per
-shard), and knows how to open one shard in the current process (:meth:`_open_shard`). Nothing
-opened is ever pickled or shared across a fork: the first read in a new process, detected by a
-change of ``os.getpid()``, opens its own handles.
+shard), and knows how to open one shard file in the current process (:meth:`_open_shard`). Which
+file that is, and what opening it takes, is the dataset's shard source's to say
+(``fastload._shards``: local files, or remote shards through the node's cache). Nothing opened
+is ever pickled or shared across a fork: the first read in a new process, detected by a change
+of ``os.getpid()``, opens its own handles.
 """
 
 from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
@@ -37,18 +39,28 @@ from fastload._formats._process import (
     ShardReader,
     offers,
 )
-from fastload._formats._remote_reads import RemoteShards
-from fastload._formats._remote_source import RemoteSource
 from fastload._formats._validate import normalize_index, normalize_indices
-from fastload._types import Column, ColumnarBatch, Field, Spans
+from fastload._shards import (
+    CachedShards,
+    LocalShards,
+    RemoteSource,
+    ShardFile,
+    ShardPrefetcher,
+    ShardSource,
+)
+from fastload._types import Column, ColumnarBatch, Field, Spans, StorageCounts
 from fastload.errors import DataFileNotFoundError, DataFormatError, StorageError
 
 # State that belongs to one process and is dropped when pickling.
 _PER_PROCESS = ("_process", "_lengths")
 
 
-class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
-    """Base class of the readers (see :class:`fastload.HDF5Dataset` for the contract)."""
+class ShardedDataset(Dataset[dict[str, Any]], abc.ABC):
+    """Base class of the readers (see :class:`fastload.HDF5Dataset` for the contract).
+
+    ``files`` name the shards (paths, or the URLs of ``remote``'s shards); reads of local
+    shards go to ``read_paths`` (default: ``files``), named in messages by ``names`` (default:
+    ``files``)."""
 
     #: Exceptions of the underlying library that a read may raise for a damaged file; they are
     #: re-raised as :class:`DataFormatError` naming the file, the field and the samples.
@@ -61,6 +73,10 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         shard_sizes: Sequence[int],
         length_field: str | None,
         cache_bytes: int,
+        *,
+        read_paths: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
+        remote: RemoteSource | None = None,
     ) -> None:
         self._files = [str(f) for f in files]
         self._fields = dict(fields)
@@ -70,18 +86,34 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         self._cache_bytes = cache_bytes
         self._process: ProcessState | None = None
         self._lengths: npt.NDArray[np.int64] | None = None
-        self._remote: RemoteSource | None = None  # set by a reader given a URL
+        self._shards: ShardSource
+        if remote is None:
+            self._shards = LocalShards(read_paths or self._files, names or self._files)
+        else:
+            self._shards = CachedShards(
+                remote,
+                reader=type(self).__name__,
+                fields=self._fields,
+                length_field=length_field,
+                options=self._opening_options(),
+            )
 
     # ---- what subclasses provide -------------------------------------------------------------
 
     @abc.abstractmethod
-    def _open_shard(self, shard: int, cache: BlockCache[Any]) -> ShardReader:
-        """Open shard ``shard`` in this process; ``cache`` is this process's block cache."""
+    def _open_shard(self, shard: int, file: ShardFile, cache: BlockCache[Any]) -> ShardReader:
+        """Open shard ``shard``'s ``file`` in this process (see :class:`ShardFile`: a file the
+        dataset described at construction, or one to describe now and check against its
+        index); ``cache`` is this process's block cache."""
+
+    def _opening_options(self) -> object:
+        """What else than the fields decides how a remote shard is checked when opened (a
+        subclass's options): part of what a check recorded in the cache is valid for."""
+        return None
 
     def _shard_name(self, shard: int) -> str:
-        """How messages name shard ``shard`` (a subclass that reads another file than the one
-        given names both)."""
-        return self._files[shard]
+        """How messages name shard ``shard``."""
+        return self._shards.name(shard)
 
     # ---- the public contract -----------------------------------------------------------------
 
@@ -109,9 +141,7 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         """The local files that reads go to, one per shard: :attr:`files`, except that a
         Parquet file read through its decoded copy is that copy. Empty for a remote dataset
         (its shards are in the shard cache, downloaded as they are needed)."""
-        if self._remote is not None:
-            return []
-        return [self._read_path(s) for s in range(len(self._files))]
+        return self._shards.read_files()
 
     @property
     def lengths(self) -> npt.NDArray[np.int64]:
@@ -123,8 +153,10 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         whose length varies: every sample counts as length 1, so length grouping changes
         nothing and a token budget counts samples.
         """
-        if self._lengths is None and self._remote is not None:
-            self._cache_lengths(self._remote.index.lengths)  # never from the shards
+        if self._lengths is None:
+            indexed = self._shards.indexed_lengths()  # a remote dataset's: never from the shards
+            if indexed is not None:
+                self._cache_lengths(indexed)
         if self._lengths is None:
             if self._length_field is None:
                 self._cache_lengths(np.ones(self._num_samples, np.int64))
@@ -198,6 +230,45 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         """Samples per shard, in the order their samples are numbered (for a shard-window
         shuffle: ``shuffle_shards=``)."""
         return np.diff(self._shard_starts).tolist()
+
+    # ---- where the shards live (``fastload._protocols``: RemoteReader, PrefetchesShards, ...) --
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards come from object storage (``s3://``, ``gs://``, ``https://``)."""
+        return self._shards.remote
+
+    def storage_counts(self) -> StorageCounts | None:
+        """For a remote dataset, what this process's reads of its shards cost so far (time
+        blocked on downloads, bytes downloaded, cache hits and misses); ``None`` for local
+        files. The engine reports it per batch (``fastload._protocols``)."""
+        return self._shards.storage_counts()
+
+    def shard_cache_plan(self) -> tuple[str, int | None, int] | None:
+        """For a remote dataset, ``(folder, cache_limit, dataset_bytes)``: where its shards are
+        cached, the cache's byte bound (``None``: none) and the bytes of all its shards; ``None``
+        for local files (``fastload doctor`` checks the folder's owner and free space)."""
+        return self._shards.cache_plan()
+
+    def cache_window_warning(self, shuffle_shards: int) -> str | None:
+        """Why a shard window of ``shuffle_shards`` shards will starve the prefetcher in this
+        dataset's bounded cache (the window being read fills it, so nothing can come ahead:
+        ``benchmarks/README.md``, bench_remote), or ``None`` when it leaves room."""
+        return self._shards.cache_window_warning(shuffle_shards)
+
+    def prefetch(
+        self,
+        batches: Iterator[npt.NDArray[np.int64]],
+        consumed: Callable[[], int],
+        *,
+        concurrency: int = 4,
+    ) -> ShardPrefetcher | None:
+        """For a remote dataset, start bringing the shards of ``batches`` (the epoch's next
+        batches, in order) to the local disk ahead of the consumer, whose progress
+        ``consumed()`` gives (``fastload._shards._prefetch``); ``None`` for local files. The
+        loader calls this with its sampler's plan; call ``close()`` on the result when the
+        epoch ends. ``concurrency`` downloads run at once."""
+        return cast("ShardPrefetcher | None", self._shards.prefetch(batches, consumed, concurrency=concurrency))
 
     def mapped_ragged(self) -> tuple[str, np.ndarray, np.ndarray] | None:
         """For one-call builds (``fastload._protocols``): ``(field, values, offsets)`` when the
@@ -305,11 +376,6 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
             process = self._process = ProcessState(len(self._files), self._cache_bytes)
         return process
 
-    def _read_path(self, shard: int) -> str:
-        """The local file that reads of shard ``shard`` go to (a subclass that reads another
-        file than the one given says which)."""
-        return self._files[shard]
-
     def _reader_for_hints(self, shard: int) -> ShardReader | None:
         """The reader whose ``byte_ranges`` locate shard ``shard``'s samples for
         :meth:`willneed`: the one this process has open, else ``None``. A subclass opens one
@@ -320,17 +386,28 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
         return process.readers[shard]
 
     def _shard(self, shard: int) -> ShardReader:
+        """Shard ``shard``'s reader in this process, opened if it is not open."""
+        process = self._process_state()
+        reader = process.readers[shard]
+        return reader if reader is not None else self._open(shard, process)
+
+    def _reader_for_read(self, shard: int) -> ShardReader:
+        """:meth:`_shard` for a read, which the shard source counts (a remote one: as a cache
+        hit when the shard is open)."""
         process = self._process_state()
         reader = process.readers[shard]
         if reader is None:
-            with process.lock:
-                reader = process.readers[shard]
-                if reader is None:
-                    if self._remote is not None:
-                        reader = self._open_pinned(shard, process)
-                    else:
-                        reader = self._open_shard(shard, process.cache)
-                    process.readers[shard] = reader
+            return self._open(shard, process)
+        self._shards.read_again(shard, process)
+        return reader
+
+    def _open(self, shard: int, process: ProcessState) -> ShardReader:
+        with process.lock:
+            reader = process.readers[shard]
+            if reader is None:
+                reader = process.readers[shard] = self._shards.open(
+                    shard, process, lambda file: self._open_shard(shard, file, process.cache)
+                )
         return reader
 
     def _read(
@@ -350,9 +427,7 @@ class ShardedDataset(RemoteShards, Dataset[dict[str, Any]], abc.ABC):
             return reader.read(name, local)
 
         try:
-            if self._remote is not None:
-                return self._read_remote(shard, read)
-            return read(self._shard(shard))
+            return read(self._reader_for_read(shard))
         except (DataFormatError, StorageError):
             raise  # already names the file (or URL), the field and the sample
         except FileNotFoundError as exc:

@@ -27,10 +27,8 @@ again. Shards are read by up to :data:`THREADS` threads, the store's requests be
 from __future__ import annotations
 
 import threading
-import time
-import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import TypeVar, cast
 
 import numpy as np
@@ -54,8 +52,6 @@ TAIL_BYTES = 64 << 10
 THREADS = 8
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")  # the readers' own (tested), which import this module: not imported
 _ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
 _T = TypeVar("_T")
 
 
@@ -116,29 +112,6 @@ def _no_index(where: str, why: str) -> DataFileNotFoundError:
         f"list the bucket or open a shard to plan an epoch; {why}",
         where,
     )
-
-
-def cached_derived_index(path: Path, folder: str, cached: bytes) -> DatasetIndex:
-    """The derived index of the dataset at ``folder`` from ``cached``, this node's copy at
-    ``path`` (deleted when damaged, so the next loader derives it again). Warns once per
-    process and folder (:func:`warn_derived`)."""
-    try:
-        index = DatasetIndex.from_json(cached, str(path))
-    except DataFormatError:
-        path.unlink(missing_ok=True)
-        raise
-    warn_derived(folder, len(index.shards), None)
-    return index
-
-
-def derived_index(store: Store, keep: Callable[[bytes], None], folder: str) -> DatasetIndex:
-    """:func:`derive_index` of the dataset at ``folder``, handed to ``keep`` as JSON (it caches
-    it for the node's other processes and loaders; the caller holds the node's lock of the
-    index). Warns once per process and folder (:func:`warn_derived`)."""
-    index, seconds = timed(lambda: derive_index(store))
-    keep(index.to_json())
-    warn_derived(folder, len(index.shards), seconds)
-    return index
 
 
 def describe(store: Store, info: ObjectInfo, kind: str) -> tuple[dict[str, Field], str | None, npt.NDArray[np.int64]]:
@@ -295,42 +268,12 @@ def bounded_map(function: Callable[[ObjectInfo], _T], items: Sequence[ObjectInfo
     return cast("list[_T]", results)
 
 
-def warn_derived(folder: str, shards: int, seconds: float | None) -> None:
-    """Say once per process and dataset folder that it was planned without an index."""
-    with _warned_lock:
-        if folder in _warned:
-            return
-        _warned.add(folder)
-    how = (
-        f"listed {shards} shards and read their footers and length columns in {seconds:.2f} s"
-        if seconds is not None
-        else f"planned from this node's cached copy of the index derived from {shards} shards' footers"
-    )
-    warnings.warn(
-        f"{folder}{INDEX_NAME} not found: {how}; an index starts faster and lets the shard "
-        f"cache verify checksums: write one with `fastload index {folder}`",
-        UserWarning,
-        stacklevel=6,  # the dataset's construction in the caller's code
-    )
-
-
-def timed(function: Callable[[], _T]) -> tuple[_T, float]:
-    """``function()`` and the seconds it took."""
-    started = time.perf_counter()
-    result = function()
-    return result, time.perf_counter() - started
-
-
 __all__ = [
     "TAIL_BYTES",
     "THREADS",
     "RangeFile",
     "bounded_map",
-    "cached_derived_index",
     "derive_index",
-    "derived_index",
     "describe",
     "select_shards",
-    "timed",
-    "warn_derived",
 ]  # fmt: skip

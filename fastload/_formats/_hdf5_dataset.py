@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from fastload._formats._base import ShardedDataset, ShardReader
 from fastload._formats._block_cache import BlockCache
+from fastload._formats._discover_remote import derive_index
 from fastload._formats._fields import check_same_fields, pick_length_field, requested_names
 from fastload._formats._hdf5_layout import (
     H5Contents,
@@ -30,14 +31,9 @@ from fastload._formats._hdf5_shard import (
 )
 from fastload._formats._hdf5_validate import validate_shard
 from fastload._formats._paths import PathArg, files_in_directory, resolve_paths
-from fastload._formats._remote_source import (
-    RemoteSource,
-    check_as_indexed,
-    local_only,
-    remote_fields,
-)
 from fastload._formats._validate import check_positive_int
 from fastload._remote import is_remote
+from fastload._shards import RemoteSource, ShardFile, local_only, remote_fields
 from fastload._types import Field
 from fastload.errors import DataFormatError
 
@@ -111,14 +107,16 @@ class HDF5Dataset(ShardedDataset):
         self._requested = requested
         if isinstance(path, str) and is_remote(path):
             source = RemoteSource(
-                path, storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit
+                path,
+                storage_options=storage_options,
+                cache_dir=cache_dir,
+                cache_limit=cache_limit,
+                derive=derive_index,
             )
             chosen = None if length_field is None else length_field.strip("/")
             described, chosen = remote_fields(source, "hdf5", requested, chosen)
-            super().__init__(
-                source.urls, described, [s.samples for s in source.index.shards], chosen, cache_bytes
-            )
-            self._remote = source
+            sizes = [s.samples for s in source.index.shards]
+            super().__init__(source.urls, described, sizes, chosen, cache_bytes, remote=source)
             self._shard_specs: list[dict[str, H5Field] | None] = [None] * len(source.urls)
             self._placements: list[ShardPlacement | None] = [None] * len(source.urls)
             return
@@ -153,10 +151,10 @@ class HDF5Dataset(ShardedDataset):
             # Computed while validating: ``lengths`` costs nothing more in this process.
             self._cache_lengths(np.concatenate(length_parts))
 
-    def _open_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard | MappedShard:
-        if self._remote is not None:
-            return self._open_remote_shard(shard, cache)
-        path, placement = self._files[shard], self._placements[shard]
+    def _open_shard(self, shard: int, file: ShardFile, cache: BlockCache[Any]) -> H5Shard | MappedShard:
+        if not file.described:
+            return self._open_new_shard(shard, file, cache)
+        path, placement = file.path, self._placements[shard]
         specs = self._shard_specs[shard]
         assert specs is not None  # a local dataset describes every shard at construction
         if placement is not None and _unchanged(path, placement):
@@ -175,16 +173,16 @@ class HDF5Dataset(ShardedDataset):
         if reader is not None:
             return reader
         placement = self._placements[shard]
-        if self._remote is None and placement is not None and _unchanged(self._files[shard], placement):
+        if placement is not None and _unchanged(self._files[shard], placement):
             return self._shard(shard)
         return None
 
-    def _open_remote_shard(self, shard: int, cache: BlockCache[Any]) -> H5Shard | MappedShard:
-        """A remote shard, once in the local cache, described and validated as a local file
-        is at construction (its fields must be the index's)."""
-        path = self._remote_local_path(shard)
+    def _open_new_shard(self, shard: int, file: ShardFile, cache: BlockCache[Any]) -> H5Shard | MappedShard:
+        """A shard first seen now (a remote one, in the local cache), described and validated
+        as a local file is at construction; it must hold what its index says."""
+        path = file.path
         contents, specs, sizes = _describe_shards([path], self._requested)
-        check_as_indexed(self._files[shard], _described(specs[0]), sizes[0], self)
+        file.check_holds(_described(specs[0]), sizes[0], self._fields)
         with damaged_h5(path):
             _, _, placement = validate_shard(path, shard, contents[0], specs[0])
             if placement is not None:

@@ -57,8 +57,8 @@ def advise_samples(dataset: Any, indices: npt.ArrayLike) -> int:
             (s, (starts[keep], lengths[keep]))
             for (s, (starts, lengths)), keep in zip(found, np.split(kept, cuts), strict=True)
         ]
-    hints = dataset._process_state().hints
-    return sum(hints.advise(dataset._read_path(s), starts, lengths) for s, (starts, lengths) in found)
+    hints, shards = dataset._process_state().hints, dataset._shards
+    return sum(hints.advise(shards.path(s), starts, lengths) for s, (starts, lengths) in found)
 
 
 __all__ = ["advise_samples"]

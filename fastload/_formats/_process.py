@@ -22,7 +22,7 @@ class ShardReader(Protocol):
     """One shard file opened in the current process.
 
     Optional, for :meth:`ShardedDataset.willneed`: ``byte_ranges(field, rows) -> (starts,
-    lengths) | None``, the byte ranges of the file read by :meth:`ShardedDataset._read_path`
+    lengths) | None``, the byte ranges of the local file reads of the shard go to
     that hold the payload of ``rows`` of ``field`` (int64 arrays, any order), or ``None``
     where the reader does not know them. A reader without it gets no readahead hints.
 
@@ -95,16 +95,16 @@ _OFFERS: dict[tuple[type, type], bool] = {}
 
 class ProcessState:
     """The shard readers opened by one process, opened on first use, and the cache of decoded
-    blocks they share. For a remote dataset, also the pin in the shard cache that each open
-    shard holds for as long as its reader is open (see ``_remote_reads``), least recently read
-    first."""
+    blocks they share; and what the dataset's shard source holds for each open shard while its
+    reader is open (a remote shard's pin in the cache: ``fastload._shards._cached``), least
+    recently read first."""
 
     def __init__(self, num_shards: int, cache_bytes: int) -> None:
         self.pid = os.getpid()
         self.readers: list[ShardReader | None] = [None] * num_shards
         self.cache: BlockCache[Any] = BlockCache(cache_bytes)
         self.lock = threading.Lock()
-        self.pins: OrderedDict[int, AbstractContextManager[Any]] = OrderedDict()
+        self.holds: OrderedDict[int, AbstractContextManager[Any]] = OrderedDict()
         self.hints = AdviseFiles()
 
     def close_shard(self, shard: int) -> None:
@@ -112,9 +112,9 @@ class ProcessState:
         if reader is not None:
             reader.close()
             self.readers[shard] = None
-        pin = self.pins.pop(shard, None)
-        if pin is not None:  # after the close: a pinned file is never evicted while mapped
-            pin.__exit__(None, None, None)
+        held = self.holds.pop(shard, None)
+        if held is not None:  # after the close: a pinned file is never evicted while mapped
+            held.__exit__(None, None, None)
 
     def close(self) -> None:
         for i in range(len(self.readers)):

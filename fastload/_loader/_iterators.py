@@ -274,7 +274,7 @@ class _BaseIterator(abc.ABC):
 
     def _start_shard_prefetch(self) -> None:
         """For a remote dataset and a sampler that knows its plan: start bringing the epoch's
-        shards to the local disk ahead of the workers (``_formats/_shard_prefetch.py``)."""
+        shards to the local disk ahead of the workers (``_shards/_prefetch.py``)."""
         if self._shards.remote and os.getpid() == self._owner_pid:
             plans = self._capabilities.sampler.upcoming
             self._shards.start(self._index_sampler.upcoming() if plans else None, _consumed_weakly(self))

@@ -1,5 +1,5 @@
 """The loader's side of a remote dataset: each epoch, a prefetcher that brings the plan's shards
-to the local cache ahead of the reads (``_formats/_shard_prefetch.py``), and the count of what the
+to the local cache ahead of the reads (``_shards/_prefetch.py``), and the count of what the
 reads cost, fed into the loader's :class:`~fastload._metrics.StallMeter` (``loader.stats()``'s
 download and cache fields, and the diagnosis that names the storage)."""
 

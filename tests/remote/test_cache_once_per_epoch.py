@@ -19,7 +19,7 @@ from _token_files import write_token_file
 
 import fastload
 from fastload._formats._indexing import build_index, write_index
-from fastload._formats._shard_prefetch import ShardPrefetcher
+from fastload._shards import ShardPrefetcher
 
 SHARDS = 8
 
@@ -60,7 +60,8 @@ def test_a_shard_read_again_later_in_the_epoch_is_kept_not_fetched_twice(
     batches = [np.array([starts[shard] + i]) for i, shard in enumerate(plan)]
     consumed = [0]
     s3_server.proxy.reset()
-    prefetcher = ShardPrefetcher(remote, iter(batches), lambda: consumed[0], concurrency=1)
+    source = remote._shards.source  # type: ignore[attr-defined]
+    prefetcher = ShardPrefetcher(source, starts, iter(batches), lambda: consumed[0], concurrency=1)
     steps: list[bool] = []
     step = prefetcher._step
     prefetcher._step = lambda: steps.append(step()) or steps[-1]  # type: ignore[method-assign]
@@ -74,7 +75,7 @@ def test_a_shard_read_again_later_in_the_epoch_is_kept_not_fetched_twice(
             consumed[0] = position
             steps.clear()
             assert wait_until(settled, 30)
-            remote._remote.local_path(shard)  # the read: fetched now if the prefetcher did not
+            source.local_path(shard)  # the read: fetched now if the prefetcher did not
     finally:
         prefetcher.close()
     assert prefetcher.error is None

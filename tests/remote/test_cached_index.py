@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _token_files import write_token_file
 
 import fastload
-from fastload._formats import _remote_source
 from fastload._formats._indexing import build_index, write_index
 from fastload._remote import INDEX_NAME
+from fastload._shards import _remote_source
 from fastload.errors import CacheError
 
 _TEN_YEARS_S = 10 * 365 * 24 * 3600

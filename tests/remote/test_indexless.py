@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _token_files import write_token_file
 
 import fastload
-from fastload._formats import _discover_remote
 from fastload._formats._discover_remote import TAIL_BYTES
 from fastload._formats._indexing import build_index, write_index
 from fastload._remote import INDEX_NAME, open_store
+from fastload._shards import _remote_source
 from fastload.errors import DataFileNotFoundError, DataFormatError
 
 SHARDS, ROWS = 3, 300
@@ -113,7 +113,7 @@ def test_planned_from_footers_and_length_column_with_the_indexed_samples(
     assert fetched - SHARDS * TAIL_BYTES < total * (0.1 if shards.name.startswith("parquet") else 0.01), (fetched, total)
     assert (len(bare), bare.fields, bare.length_field) == (len(indexed), indexed.fields, "ids")
     assert np.array_equal(bare.lengths, indexed.lengths) and len(bare) == SHARDS * ROWS
-    assert all(s.sha256 is None and s.version for s in bare._remote.index.shards)
+    assert all(s.sha256 is None and s.version for s in bare._shards.source.index.shards)
     rows = np.random.default_rng(0).permutation(len(bare))[:50]
     got, expected = bare.read_batch(rows), indexed.read_batch(rows)
     assert np.array_equal(got["ids"].values, expected["ids"].values) and got["text"] == expected["text"]
@@ -139,7 +139,7 @@ def test_one_listing_per_node_for_two_loaders_with_two_workers(
     assert sum(1 for r in planning[0] if r.method == "GET" and "list-type" in r.query) == 1
     assert planning[1] == []  # the second loader planned from the node's cache of the derived index
     assert listings(s3_server) == 1 and shard_bytes_fetched(s3_server, shards, bare_url)[1] == SHARDS  # one download each
-    monkeypatch.setattr(_discover_remote, "_warned", set())  # as in another process of the node
+    monkeypatch.setattr(_remote_source, "_warned", set())  # as in another process of the node
     s3_server.proxy.reset()
     with pytest.warns(UserWarning, match=rf"planned from this node's cached copy of the index derived from {SHARDS} shards"):
         fastload.ArrowDataset(bare_url, storage_options=s3_server.options, cache_dir=node)
@@ -255,4 +255,4 @@ def test_planning_under_injected_faults_gives_the_same_index(faulty_s3: Any, buc
     faulty = fastload.ArrowDataset(url, storage_options=faulty_s3.options, cache_dir=tmp_path / "b")  # warned once already
     assert any(r.fault for r in faulty_s3.requests())
     assert faulty.fields == clean.fields and np.array_equal(faulty.lengths, clean.lengths)
-    assert faulty._remote.index.shards == clean._remote.index.shards
+    assert faulty._shards.source.index.shards == clean._shards.source.index.shards

@@ -147,8 +147,8 @@ def test_eviction_passes_by_the_shard_a_process_has_open_and_takes_it_once_close
     dataset = fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path, cache_limit=1)
     # Shard 1 stays open, and pinned; shard 0 was closed to open it (the limit holds one).
     dataset.read_batch([0, ROWS])
-    cache = dataset._remote.cache()  # type: ignore[union-attr]
-    key = dataset._remote.key  # type: ignore[union-attr]
+    source = dataset._shards.source  # type: ignore[attr-defined]
+    cache, key = source.cache(), source.key
     assert cache.make_room(0, {}) == [key(0)]
     assert cache.make_room(0, {}) == []
     dataset.close()

@@ -12,19 +12,20 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "fastload"
 
 # module prefix -> fastload modules it must not import. From the bottom: the shared vocabulary
-# (_types, _protocols, _capabilities), storage and object stores, the readers, sampling and
+# (_types, _protocols, _capabilities), storage and object stores, where shards live, the readers, sampling and
 # collation, the engine, the metrics (pure), the loader, the doctor; the applications on top.
 FORBIDDEN = {
     "fastload._types": ["fastload._"],
-    "fastload._protocols": ["fastload._storage", "fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
-    "fastload._capabilities": ["fastload._storage", "fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
-    "fastload._storage": ["fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
-    "fastload._remote": ["fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._protocols": ["fastload._storage", "fastload._remote", "fastload._shards", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._capabilities": ["fastload._storage", "fastload._remote", "fastload._shards", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._storage": ["fastload._remote", "fastload._shards", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._remote": ["fastload._shards", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._shards": ["fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
     "fastload._formats": ["fastload._sampling", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
-    "fastload._sampling": ["fastload._formats", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
-    "fastload._collate": ["fastload._formats", "fastload._sampling", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._sampling": ["fastload._shards", "fastload._formats", "fastload._collate", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
+    "fastload._collate": ["fastload._shards", "fastload._formats", "fastload._sampling", "fastload._engine", "fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
     "fastload._engine": ["fastload._metrics", "fastload._loader", "fastload._doctor", "fastload._apps"],
-    "fastload._metrics": ["fastload._storage", "fastload._remote", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._loader", "fastload._doctor", "fastload._apps", "fastload._integrations"],
+    "fastload._metrics": ["fastload._storage", "fastload._remote", "fastload._shards", "fastload._formats", "fastload._sampling", "fastload._collate", "fastload._engine", "fastload._loader", "fastload._doctor", "fastload._apps", "fastload._integrations"],
     "fastload._device": ["fastload._engine", "fastload._loader", "fastload._metrics", "fastload._doctor", "fastload._apps"],
     "fastload._loader": ["fastload._apps"],
     "fastload._doctor": ["fastload._apps", "fastload._loader"],
@@ -66,7 +67,7 @@ def test_lower_layers_do_not_import_higher_ones(name: str, tree: ast.Module) -> 
 # The packages from the bottom up, as the README's layout lists them: each imports only those
 # before it (its own modules aside).
 ORDER = [
-    "_types", "_threads", "_protocols", "_capabilities", "errors", "_storage", "_remote", "_formats", "_sampling",
+    "_types", "_threads", "_protocols", "_capabilities", "errors", "_storage", "_remote", "_shards", "_formats", "_sampling",
     "_collate", "_engine", "_metrics", "_device", "_doctor", "_loader", "_integrations", "hf",
     "accelerate", "_apps", "cli", "__main__",
 ]  # fmt: skip

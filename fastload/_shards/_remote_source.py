@@ -16,14 +16,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import numpy as np
-
-from fastload._formats._discover_remote import cached_derived_index, derived_index
 from fastload._remote import INDEX_NAME, DatasetIndex, ShardEntry
 from fastload._remote._cache import ShardCache, parse_size
 from fastload._remote._store import Store, open_store
@@ -50,6 +48,9 @@ INDEX_FRESH_S = 600.0
 # of the object revalidates it: the same version and size keep it (fresh again), anything else
 # fetches it again. A file there that is not the one we wrote is never used.
 _GLOB_CHARS = frozenset("*?[")
+_warned: set[str] = set()  # dataset folders planned without an index, said once per process
+_warned_lock = threading.Lock()
+_T = TypeVar("_T")
 
 
 def split_url(url: str) -> tuple[str, str | None]:
@@ -76,6 +77,7 @@ class RemoteSource:
         storage_options: Mapping[str, Any] | None,
         cache_dir: str | os.PathLike[str] | None,
         cache_limit: int | str | None,
+        derive: Callable[[Store], DatasetIndex],
     ) -> None:
         self.folder, pattern = split_url(url)
         self.storage_options = dict(storage_options or {})
@@ -87,7 +89,7 @@ class RemoteSource:
         self._environment = storage_environment()
         self._counts = StorageCounts()  # this process's reads (see storage_counts)
         self._counting = threading.Lock()
-        index = self._load_index()
+        index = self._load_index(derive)
         if pattern is not None:
             names = [s.path for s in index.shards if fnmatch.fnmatchcase(s.path, pattern)]
             if not names:
@@ -131,7 +133,7 @@ class RemoteSource:
 
     def storage_counts(self) -> StorageCounts:
         """What this process's reads of the shards cost so far (the prefetcher's downloads are
-        its own: it counts them in :class:`~fastload._formats._shard_prefetch.PrefetchStats`)."""
+        its own: it counts them in :class:`~fastload._shards._prefetch.PrefetchStats`)."""
         self._own_process()
         return self._counts
 
@@ -213,11 +215,11 @@ class RemoteSource:
 
     # -- the index -----------------------------------------------------------------------------
 
-    def _load_index(self) -> DatasetIndex:
+    def _load_index(self, derive: Callable[[Store], DatasetIndex]) -> DatasetIndex:
         """The index, from this node's cache when fresh, else from the store (one GET; the
         node's processes and loaders wait for one another instead of each asking). Without an
-        index file, one derived from a listing and the shards' footers, cached alike
-        (``_discover_remote``). See NOTE [cached index]."""
+        index file, ``derive(store)``: one derived from a listing and the shards' footers
+        (``fastload._formats._discover_remote``), cached alike. See NOTE [cached index]."""
         where = self.folder + INDEX_NAME
         digest = hashlib.sha256(where.encode()).hexdigest()[:32]
         name, derived = f"{digest}.json", f"{digest}.derived.json"
@@ -228,11 +230,11 @@ class RemoteSource:
                 if data is None:
                     cached = _fresh(folder, derived)
                     if cached is not None:
-                        return cached_derived_index(folder.path / derived, self.folder, cached)
+                        return _cached_derived_index(folder.path / derived, self.folder, cached)
                     try:
                         data = self.store().read(INDEX_NAME)
                     except StorageNotFoundError:
-                        return derived_index(self.store(), lambda text: _keep(folder, derived, text), self.folder)
+                        return _derived_index(self.store(), derive, lambda text: _keep(folder, derived, text), self.folder)
                     # After the GET: a HEAD of a missing object costs S3 a listing too. A version
                     # that does not match the bytes' size is not kept (revalidation then refetches).
                     info = self.store().info(INDEX_NAME)
@@ -319,36 +321,6 @@ def remote_fields(
     return fields, chosen
 
 
-def check_as_indexed(url: str, fields: Mapping[str, Field], samples: int, dataset: Any) -> None:
-    """Raise unless a shard fetched from ``url`` holds what its index said: the fields read
-    and its number of samples."""
-    position = dataset.files.index(url)
-    expected = dataset._remote.index.shards[position].samples
-    if dict(fields) != dataset.fields or samples != expected:
-        raise DataFormatError(
-            f"{url}: holds {samples} samples of fields {dict(fields)}, but its index says "
-            f"{expected} of {dataset.fields}; write the index again (`fastload index`)"
-        )
-
-
-def check_lengths_as_indexed(url: str, first_sample: int, stored: Any, dataset: Any) -> None:
-    """Raise unless the lengths ``stored`` in a shard fetched from ``url`` (its samples from
-    ``first_sample`` on, computed from the shard's offsets) are those its index lists: the
-    index's lengths plan every batch, so a disagreement would break the token budget
-    without a word."""
-    stored = np.asarray(stored, dtype=np.int64)
-    indexed = dataset._remote.index.lengths[first_sample : first_sample + stored.size]
-    wrong = np.flatnonzero(indexed != stored)
-    if wrong.size:
-        row = int(wrong[0])
-        raise DataFormatError(
-            f"{url}: sample {first_sample + row} (row {row} of the shard): the index says "
-            f"{int(indexed[row])} elements of {dataset._length_field!r} but the shard holds "
-            f"{int(stored[row])} ({wrong.size} of its {stored.size} lengths differ); write the "
-            "index again (`fastload index`)"
-        )
-
-
 def local_only(reader: str, *, storage_options: Mapping[str, Any] | None, cache_limit: int | str | None) -> None:
     """Check the remote-only options given for a local dataset (local files are read where they
     are, never copied into the cache): ``storage_options`` is refused; ``cache_limit`` is
@@ -377,6 +349,58 @@ _said_lock = threading.Lock()
 _log = logging.getLogger("fastload")
 
 
+def _cached_derived_index(path: Path, folder: str, cached: bytes) -> DatasetIndex:
+    """The derived index of the dataset at ``folder`` from ``cached``, this node's copy at
+    ``path`` (deleted when damaged, so the next loader derives it again). Warns once per
+    process and folder (:func:`_warn_derived`)."""
+    try:
+        index = DatasetIndex.from_json(cached, str(path))
+    except DataFormatError:
+        path.unlink(missing_ok=True)
+        raise
+    _warn_derived(folder, len(index.shards), None)
+    return index
+
+
+def _derived_index(
+    store: Store, derive: Callable[[Store], DatasetIndex], keep: Callable[[bytes], None], folder: str
+) -> DatasetIndex:
+    """``derive(store)``, the index of the dataset at ``folder`` derived from its shards, handed
+    to ``keep`` as JSON (it caches it for the node's other processes and loaders; the caller
+    holds the node's lock of the index). Warns once per process and folder
+    (:func:`_warn_derived`)."""
+    index, seconds = _timed(lambda: derive(store))
+    keep(index.to_json())
+    _warn_derived(folder, len(index.shards), seconds)
+    return index
+
+
+def _warn_derived(folder: str, shards: int, seconds: float | None) -> None:
+    """Say once per process and dataset folder that it was planned without an index."""
+    with _warned_lock:
+        if folder in _warned:
+            return
+        _warned.add(folder)
+    how = (
+        f"listed {shards} shards and read their footers and length columns in {seconds:.2f} s"
+        if seconds is not None
+        else f"planned from this node's cached copy of the index derived from {shards} shards' footers"
+    )
+    warnings.warn(
+        f"{folder}{INDEX_NAME} not found: {how}; an index starts faster and lets the shard "
+        f"cache verify checksums: write one with `fastload index {folder}`",
+        UserWarning,
+        stacklevel=6,  # the dataset's construction in the caller's code
+    )
+
+
+def _timed(function: Callable[[], _T]) -> tuple[_T, float]:
+    """``function()`` and the seconds it took."""
+    started = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - started
+
+
 def _fresh(folder: CacheDir, name: str) -> bytes | None:
     """The bytes of cached ``name`` if it is the file we wrote and we fetched it less than
     :data:`INDEX_FRESH_S` ago (by our record: a fetch time ahead of the clock is not fresh)."""
@@ -398,7 +422,6 @@ def _keep(folder: CacheDir, name: str, data: bytes, **facts: object) -> None:
 __all__ = [
     "INDEX_FRESH_S",
     "RemoteSource",
-    "check_as_indexed",
     "local_only",
     "remote_fields",
     "split_url",

@@ -24,11 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from fastload._shards._remote_source import RemoteSource
 from fastload._threads import start_own_thread
 
 _log = logging.getLogger("fastload")
@@ -52,21 +52,22 @@ class PrefetchStats:
 class ShardPrefetcher:
     """Downloads the shards of ``batches`` (sample-index arrays, the rank's epoch from its next
     batch on) ahead of the consumer, whose progress ``consumed()`` gives (batches delivered since
-    the prefetcher started). ``dataset`` is a remote reader (its ``_remote`` source and shard
-    boundaries). ``concurrency`` downloads run at once; ``ahead`` bounds how many shards past
-    the consumer's current one are fetched when the cache is unbounded."""
+    the prefetcher started), from ``source`` into its cache; ``starts`` are the shards' first
+    samples (and the end). ``concurrency`` downloads run at once; ``ahead`` bounds how many
+    shards past the consumer's current one are fetched when the cache is unbounded."""
 
     def __init__(
         self,
-        dataset: Any,
+        source: RemoteSource,
+        starts: npt.NDArray[np.int64],
         batches: Iterator[npt.NDArray[np.int64]],
         consumed: Callable[[], int],
         *,
         concurrency: int = 4,
         ahead: int = 64,
     ) -> None:
-        self._source = dataset._remote
-        self._starts = np.asarray(dataset._shard_starts)
+        self._source = source
+        self._starts = np.asarray(starts)
         self._batches = batches
         self._consumed = consumed
         self._concurrency = max(1, int(concurrency))
@@ -207,6 +208,7 @@ class ShardPrefetcher:
             if use != math.inf and key not in before:
                 uses[key] = -math.inf  # fetched this epoch and read again: never evicted
         limit = source.cache_limit
+        assert limit is not None  # an unbounded cache has room for every shard
         used = cache.usage()
         if used + need <= limit:
             return True

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from fastload import ArrowDataset
-from fastload._formats import _remote_source
+from fastload._shards import _remote_source
 
 
 def _arrow_file(path: Path) -> Path:
