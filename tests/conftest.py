@@ -61,6 +61,19 @@ def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 
 @pytest.fixture
+def refcounts_only() -> Iterator[None]:
+    """Without the cyclic collector for the test, an object dropped is freed at once (a
+    reference cycle would keep it, a host batch's shared-memory slot or a loader's workers,
+    until some later collection)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.fixture
 def collect_what_the_test_left() -> Iterator[None]:
     """Collect the reference cycles a test leaves behind (an exception's traceback keeps an
     iterator, and its workers, alive in one), so that their shutdown is not charged to the next

@@ -7,6 +7,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from fastload._formats._indexing import build_index, write_index
+
 
 def write_token_file(
     path: Path, samples: int, max_length: int, *, seed: int = 0, label: bool = False, names: bool = False
@@ -43,3 +45,12 @@ def write_documents(path: Path, lengths: list[int], *, vocab: int, seed: int = 0
         f.create_dataset("tokens/offsets", data=offsets)
         f.create_dataset("lengths", data=sizes)
     return path
+
+
+def indexed_token_shards(folder: Path, shards: int, samples: int, max_length: int, *, label: bool = False) -> Path:
+    """``folder`` holding ``shards`` token files (``part-00000.h5``, ...; shard ``i`` seeded
+    ``i``, see :func:`write_token_file`) and their ``fastload-index.json``."""
+    for shard in range(shards):
+        write_token_file(folder / f"part-{shard:05d}.h5", samples, max_length, seed=shard, label=label)
+    write_index(folder, build_index(folder))
+    return folder

@@ -4,9 +4,7 @@ mid-epoch otherwise (the collector is off throughout)."""
 
 from __future__ import annotations
 
-import gc
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,17 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _procs import alive, wait_until
 
 
-@pytest.fixture
-def no_cyclic_gc() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def test_del_loader_ends_its_persistent_workers_at_once(no_cyclic_gc: None) -> None:
+def test_del_loader_ends_its_persistent_workers_at_once(refcounts_only: None) -> None:
     loader = fastload.DataLoader(list(range(40)), batch_size=4, num_workers=2, persistent_workers=True)
     assert sum(len(batch) for batch in loader) == 40
     pids = loader._iterator.worker_pids
@@ -37,7 +25,7 @@ def test_del_loader_ends_its_persistent_workers_at_once(no_cyclic_gc: None) -> N
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_del_iterator_mid_epoch_ends_its_workers_at_once(no_cyclic_gc: None, persistent: bool) -> None:
+def test_del_iterator_mid_epoch_ends_its_workers_at_once(refcounts_only: None, persistent: bool) -> None:
     loader = fastload.DataLoader(list(range(40)), batch_size=4, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
     next(it)

@@ -20,11 +20,21 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # The IAM user the S3 tests sign as. moto checks signatures and policies once auth is on (see
 # MotoServer.start), so a wrong key is refused with a real 403, as a real store would.
 _POLICY = '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
+
+
+def download(store: Any, name: str, path: Path, size: int, **kwargs: Any) -> bytes:
+    """``store.download`` of ``name`` into a new file at ``path``; the file's bytes."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        store.download(name, fd, size=size, **kwargs)
+    finally:
+        os.close(fd)
+    return path.read_bytes()
 
 
 def _free_port() -> int:

@@ -54,6 +54,14 @@ class S3Server:
         with self.filesystem().open_output_stream(path) as out:
             out.write(data)
 
+    def upload(self, folder: Path, bucket: str, prefix: str = "corpus", *, leave_out: str | None = None) -> str:
+        """Every file of ``folder`` (but ``leave_out``) as ``s3://bucket/prefix/<name>``; that
+        folder's URL."""
+        for path in sorted(folder.iterdir()):
+            if path.name != leave_out:
+                self.put(f"{bucket}/{prefix}/{path.name}", path.read_bytes())
+        return f"s3://{bucket}/{prefix}/"
+
 
 @pytest.fixture(scope="session")
 def _moto() -> Iterator[tuple[MotoServer, Credentials]]:

@@ -15,10 +15,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _procs import wait_until
-from _token_files import write_token_file
+from _token_files import indexed_token_shards
 
 import fastload
-from fastload._formats._indexing import build_index, write_index
 from fastload._shards import ShardPrefetcher
 
 SHARDS = 8
@@ -26,11 +25,7 @@ SHARDS = 8
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    for shard in range(SHARDS):
-        write_token_file(folder / f"part-{shard:05d}.h5", 40, 120, seed=shard, label=True)
-    write_index(folder, build_index(folder))
-    return folder
+    return indexed_token_shards(tmp_path_factory.mktemp("corpus"), SHARDS, 40, 120, label=True)
 
 
 def _downloads(server: Any) -> Counter[str]:
@@ -42,18 +37,12 @@ def _downloads(server: Any) -> Counter[str]:
     )
 
 
-def _upload(server: Any, corpus: Path, bucket: str) -> str:
-    for path in sorted(corpus.iterdir()):
-        server.put(f"{bucket}/corpus/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/corpus/"
-
-
 def test_a_shard_read_again_later_in_the_epoch_is_kept_not_fetched_twice(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
 ) -> None:
     largest = max(p.stat().st_size for p in corpus.glob("*.h5"))
     remote = fastload.HDF5Dataset(
-        _upload(s3_server, corpus, bucket), storage_options=s3_server.options, cache_dir=tmp_path, cache_limit=2 * largest
+        s3_server.upload(corpus, bucket), storage_options=s3_server.options, cache_dir=tmp_path, cache_limit=2 * largest
     )
     starts = remote._shard_starts
     plan = [0, 1, 2, 3, 0]  # shard 0 first, then three others, then shard 0 again
@@ -88,7 +77,7 @@ def test_each_shard_is_downloaded_at_most_once_per_epoch_with_two_windows_cached
 ) -> None:
     largest = max(p.stat().st_size for p in corpus.glob("*.h5"))
     remote = fastload.HDF5Dataset(
-        _upload(s3_server, corpus, bucket),
+        s3_server.upload(corpus, bucket),
         storage_options=s3_server.options,
         cache_dir=tmp_path,
         cache_limit=2 * shuffle_shards * largest,  # two windows of the largest shards

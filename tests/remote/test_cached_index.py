@@ -40,12 +40,6 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return full, half
 
 
-def _upload(server: Any, folder: Path, bucket: str) -> str:
-    for path in sorted(folder.iterdir()):
-        server.put(f"{bucket}/corpus/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/corpus/"
-
-
 def _cached(cache: Path, url: str) -> Path:
     return cache / "indexes" / f"{hashlib.sha256((url + INDEX_NAME).encode()).hexdigest()[:32]}.json"
 
@@ -62,7 +56,7 @@ def test_a_planted_index_with_a_future_mtime_is_not_used(
     s3_server: Any, bucket: str, folders: tuple[Path, Path], tmp_path: Path
 ) -> None:
     full, half = folders
-    url = _upload(s3_server, full, bucket)
+    url = s3_server.upload(full, bucket)
     cache = tmp_path / "cache"
     assert len(_open(url, s3_server, cache).files) == 4
     planted = _cached(cache, url)
@@ -77,7 +71,7 @@ def test_freshness_counts_from_our_fetch_and_a_fetch_time_ahead_is_revalidated(
     s3_server: Any, bucket: str, folders: tuple[Path, Path], tmp_path: Path
 ) -> None:
     full, half = folders
-    url = _upload(s3_server, full, bucket)
+    url = s3_server.upload(full, bucket)
     cache = tmp_path / "cache"
     assert len(_open(url, s3_server, cache).files) == 4
     record = _cached(cache, url).with_name(f".{_cached(cache, url).name}.ok")
@@ -92,7 +86,7 @@ def test_a_stale_index_the_store_still_has_is_revalidated_without_a_get(
     s3_server: Any, bucket: str, folders: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     full, half = folders
-    url = _upload(s3_server, full, bucket)
+    url = s3_server.upload(full, bucket)
     cache = tmp_path / "cache"
     monkeypatch.setattr(_remote_source, "INDEX_FRESH_S", 0.0)  # every cached index is stale
     s3_server.proxy.reset()
@@ -108,7 +102,7 @@ def test_a_stale_index_the_store_still_has_is_revalidated_without_a_get(
 def test_a_link_at_the_index_lock_is_refused_and_its_target_left_alone(
     s3_server: Any, bucket: str, folders: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    url = _upload(s3_server, folders[0], bucket)
+    url = s3_server.upload(folders[0], bucket)
     cache = tmp_path / "cache"
     (cache / "indexes").mkdir(parents=True, mode=0o700)
     cache.chmod(0o700)
@@ -124,7 +118,7 @@ def test_a_link_at_the_index_lock_is_refused_and_its_target_left_alone(
 def test_a_stale_index_deleted_from_the_store_gives_way_to_a_derived_one(
     s3_server: Any, bucket: str, folders: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = _upload(s3_server, folders[0], bucket)
+    url = s3_server.upload(folders[0], bucket)
     cache = tmp_path / "cache"
     monkeypatch.setattr(_remote_source, "INDEX_FRESH_S", 0.0)
     _open(url, s3_server, cache)

@@ -16,13 +16,12 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from _servers import FaultProxy, Faults, _RangeHandler
+from _servers import FaultProxy, Faults, _RangeHandler, download
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from _token_files import write_token_file
+from _token_files import indexed_token_shards
 
 import fastload
-from fastload._formats._indexing import build_index, write_index
 from fastload._remote import RetryPolicy, open_store
 from fastload._remote import _http as http_store
 from fastload.errors import StorageError
@@ -114,27 +113,14 @@ def servers(tmp_path: Path) -> Iterator[tuple[Server, Server, Path]]:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    for shard in range(3):
-        write_token_file(folder / f"part-{shard:05d}.h5", 80, 300, seed=shard, label=True)
-    write_index(folder, build_index(folder))
-    return folder
-
-
-def _download(store: Any, name: str, path: Path, size: int, **kwargs: Any) -> bytes:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        store.download(name, fd, size=size, **kwargs)
-    finally:
-        os.close(fd)
-    return path.read_bytes()
+    return indexed_token_shards(tmp_path_factory.mktemp("corpus"), 3, 80, 300, label=True)
 
 
 def _every_request(store: Any, name: str, data: bytes, tmp_path: Path) -> None:
     assert store.info(name).size == len(data)
     assert store.read(name) == data
     assert store.read_range(name, 5, 10) == data[5:15]
-    assert _download(store, name, tmp_path / "x", len(data), part_bytes=1000) == data
+    assert download(store, name, tmp_path / "x", len(data), part_bytes=1000) == data
 
 
 def _carried_secrets(seen: list[Seen]) -> list[tuple[str, str]]:
@@ -221,7 +207,7 @@ def test_ranged_reads_and_downloads_from_a_server_without_range_support(
         assert read_at(299_990, 10) == data[-10:]
     # a download resumed at an offset: one GET, its first bytes skipped, the rest written
     (tmp_path / "x").write_bytes(data[:123_456])
-    assert _download(store, "x.bin", tmp_path / "x", len(data), start=123_456, part_bytes=10_000) == data
+    assert download(store, "x.bin", tmp_path / "x", len(data), start=123_456, part_bytes=10_000) == data
     assert [s.method for s in server.seen].count("GET") == 3
     monkeypatch.setattr(http_store, "WHOLE_BODY_READ_LIMIT", 100_000)
     with pytest.raises(StorageError, match=r"ignores Range requests .* would download the first 200,010 bytes"):
@@ -236,7 +222,7 @@ def test_a_whole_body_cut_short_is_continued_from_the_last_byte_written(plain: t
     try:
         store = open_store(proxy.endpoint, retry=QUICK)
         written: list[int] = []
-        got = _download(store, "x.bin", tmp_path / "x", len(data), on_bytes=written.append)
+        got = download(store, "x.bin", tmp_path / "x", len(data), on_bytes=written.append)
         log = proxy.requests()
     finally:
         proxy.close()

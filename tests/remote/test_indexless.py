@@ -55,13 +55,6 @@ def shards(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return folder
 
 
-def upload(server: Any, folder: Path, bucket: str, prefix: str, *, index: bool) -> str:
-    for path in sorted(folder.iterdir()):
-        if index or path.name != INDEX_NAME:
-            server.put(f"{bucket}/{prefix}/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/{prefix}/"
-
-
 def listings(server: Any) -> int:
     return sum(1 for r in server.requests() if r.method == "GET" and "list-type" in r.query)
 
@@ -97,8 +90,8 @@ def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 def test_planned_from_footers_and_length_column_with_the_indexed_samples(
     s3_server: Any, bucket: str, shards: Path, tmp_path: Path
 ) -> None:
-    indexed_url = upload(s3_server, shards, bucket, "indexed", index=True)
-    bare_url = upload(s3_server, shards, bucket, "bare", index=False)
+    indexed_url = s3_server.upload(shards, bucket, "indexed")
+    bare_url = s3_server.upload(shards, bucket, "bare", leave_out=INDEX_NAME)
     total = sum(p.stat().st_size for p in shards.iterdir() if p.name != INDEX_NAME)
     indexed = fastload.ArrowDataset(indexed_url, storage_options=s3_server.options, cache_dir=tmp_path / "a")
     s3_server.proxy.reset()
@@ -123,8 +116,8 @@ def test_planned_from_footers_and_length_column_with_the_indexed_samples(
 def test_one_listing_per_node_for_two_loaders_with_two_workers(
     s3_server: Any, bucket: str, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    indexed_url = upload(s3_server, shards, bucket, "indexed", index=True)
-    bare_url = upload(s3_server, shards, bucket, "bare", index=False)
+    indexed_url = s3_server.upload(shards, bucket, "indexed")
+    bare_url = s3_server.upload(shards, bucket, "bare", leave_out=INDEX_NAME)
     node = tmp_path / "node-cache"
     s3_server.proxy.reset()
     runs, planning = [], []
@@ -193,7 +186,7 @@ def test_an_ipc_layout_left_to_pyarrow_plans_the_same_lengths(s3_server: Any, bu
     data = pa.table({"s": rows, "label": np.arange(200)})
     with pa.OSFile(str(folder / "a.arrow"), "wb") as sink, pa.ipc.new_file(sink, data.schema) as out:
         out.write_table(data)
-    url = upload(s3_server, folder, bucket, "nested", index=False)
+    url = s3_server.upload(folder, bucket, "nested", leave_out=INDEX_NAME)
     with pytest.warns(UserWarning, match=r"not found: listed 1 shards"):
         bare = fastload.ArrowDataset(url, null_fill=0, storage_options=s3_server.options, cache_dir=tmp_path / "c")
     local = fastload.ArrowDataset(folder / "a.arrow", null_fill=0, cache_dir=False)
@@ -227,8 +220,8 @@ def test_hdf5_shards_planned_from_their_metadata_and_offsets(s3_server: Any, buc
     for shard in range(2):
         write_token_file(folder / f"part-{shard}.h5", 300, 4000, seed=shard, label=True)
     write_index(folder, build_index(folder))
-    indexed = fastload.HDF5Dataset(upload(s3_server, folder, bucket, "indexed", index=True), storage_options=s3_server.options, cache_dir=tmp_path / "a")
-    bare_url = upload(s3_server, folder, bucket, "bare", index=False)
+    indexed = fastload.HDF5Dataset(s3_server.upload(folder, bucket, "indexed"), storage_options=s3_server.options, cache_dir=tmp_path / "a")
+    bare_url = s3_server.upload(folder, bucket, "bare", leave_out=INDEX_NAME)
     total = sum(p.stat().st_size for p in folder.glob("*.h5"))
     s3_server.proxy.reset()
     with pytest.warns(UserWarning, match=r"not found: listed 2 shards"):
@@ -248,7 +241,7 @@ def test_hdf5_shards_planned_from_their_metadata_and_offsets(s3_server: Any, buc
 
 
 def test_planning_under_injected_faults_gives_the_same_index(faulty_s3: Any, bucket: str, shards: Path, tmp_path: Path) -> None:
-    url = upload(faulty_s3, shards, bucket, "bare", index=False)
+    url = faulty_s3.upload(shards, bucket, "bare", leave_out=INDEX_NAME)
     with pytest.warns(UserWarning, match=r"not found: listed"):
         clean = fastload.ArrowDataset(url, storage_options=faulty_s3.options, cache_dir=tmp_path / "a")
     faulty_s3.set_faults(Faults(error_rate=0.1, drop_rate=0.1, seed=7))

@@ -12,32 +12,21 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from _token_files import write_token_file
+from _token_files import indexed_token_shards
 
 import fastload
-from fastload._formats._indexing import build_index, write_index
 from fastload.cli import main as fastload_main
 
 
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bench-corpus")
-    for shard in range(2):
-        write_token_file(folder / f"part-{shard:05d}.h5", 120, 200, seed=shard)
-    write_index(folder, build_index(folder))
-    return folder
-
-
-def _upload(server: Any, folder: Path, bucket: str) -> str:
-    for path in sorted(folder.iterdir()):
-        server.put(f"{bucket}/corpus/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/corpus/"
+    return indexed_token_shards(tmp_path_factory.mktemp("bench-corpus"), 2, 120, 200)
 
 
 def test_bench_reads_a_remote_folder_through_the_cache_and_reports(
     s3_server: Any, bucket: str, small_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = _upload(s3_server, small_corpus, bucket)
+    url = s3_server.upload(small_corpus, bucket)
     cache = tmp_path / "cache"
     code = fastload_main([
         "bench", url, "--smoke", "--storage-option", f"endpoint_override={s3_server.endpoint}",
@@ -59,7 +48,7 @@ def test_bench_reads_a_remote_folder_through_the_cache_and_reports(
 
 def test_a_remote_dataset_advises_nothing(s3_server: Any, bucket: str, small_corpus: Path, tmp_path: Path) -> None:
     """Remote shards are downloaded by the prefetcher, not hinted: willneed is 0."""
-    url = _upload(s3_server, small_corpus, bucket)
+    url = s3_server.upload(small_corpus, bucket)
     dataset = fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=tmp_path / "cache")
     assert dataset.willneed(np.arange(50)) == 0
     assert dataset.read_files == []

@@ -18,7 +18,7 @@ import torch
 from _servers import Faults
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from _token_files import write_token_file
+from _token_files import indexed_token_shards
 
 import fastload
 from fastload._formats._indexing import build_index, write_index
@@ -31,17 +31,7 @@ SHARDS = 4
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four HDF5 shards of token sequences and their index, on local disk."""
-    folder = tmp_path_factory.mktemp("corpus")
-    for shard in range(SHARDS):
-        write_token_file(folder / f"part-{shard:05d}.h5", 150, 400, seed=shard, label=True)
-    write_index(folder, build_index(folder))
-    return folder
-
-
-def upload(server: Any, folder: Path, bucket: str, prefix: str = "corpus") -> str:
-    for path in sorted(folder.iterdir()):
-        server.put(f"{bucket}/{prefix}/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/{prefix}/"
+    return indexed_token_shards(tmp_path_factory.mktemp("corpus"), SHARDS, 150, 400, label=True)
 
 
 def shard_gets(server: Any) -> Counter[str]:
@@ -65,7 +55,7 @@ def owned(batch: dict[str, Any]) -> dict[str, Any]:
 def test_same_api_and_samples_as_local_disk_and_no_shard_read_to_plan(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     local = fastload.HDF5Dataset(sorted(corpus.glob("*.h5")))
     s3_server.proxy.reset()
     remote = fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=tmp_path / "cache")
@@ -84,7 +74,7 @@ def test_same_api_and_samples_as_local_disk_and_no_shard_read_to_plan(
 def test_workers_and_two_loaders_on_a_node_download_each_shard_once(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     local = fastload.HDF5Dataset(sorted(corpus.glob("*.h5")))
     s3_server.proxy.reset()
     cache = tmp_path / "node-cache"
@@ -107,7 +97,7 @@ def test_workers_and_two_loaders_on_a_node_download_each_shard_once(
 def test_identical_batches_with_five_percent_injected_faults(
     faulty_s3: Any, bucket: str, corpus: Path, tmp_path: Path
 ) -> None:
-    url = upload(faulty_s3, corpus, bucket)
+    url = faulty_s3.upload(corpus, bucket)
     clean = fastload.DataLoader(
         fastload.HDF5Dataset(url, storage_options=faulty_s3.options, cache_dir=tmp_path / "a"),
         max_tokens=4096, num_workers=2, seed=1,
@@ -126,7 +116,7 @@ def test_identical_batches_with_five_percent_injected_faults(
 
 
 def test_a_glob_selects_shards_from_the_index(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     two = fastload.HDF5Dataset(url + "part-0000[13].h5", storage_options=s3_server.options, cache_dir=tmp_path)
     local = fastload.HDF5Dataset([corpus / "part-00001.h5", corpus / "part-00003.h5"])
     assert len(two) == len(local) and np.array_equal(two.lengths, local.lengths)
@@ -143,7 +133,7 @@ def test_arrow_shards_too(s3_server: Any, bucket: str, tmp_path: Path) -> None:
         with pa.OSFile(str(folder / f"s{shard}.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
             out.write_table(table)
     write_index(folder, build_index(folder))
-    url = upload(s3_server, folder, bucket, "arrow")
+    url = s3_server.upload(folder, bucket, "arrow")
     remote = fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path / "c")
     local = fastload.ArrowDataset(sorted(folder.glob("*.arrow")))
     assert len(remote) == 120 and np.array_equal(remote.lengths, local.lengths)
@@ -155,7 +145,7 @@ def test_arrow_shards_too(s3_server: Any, bucket: str, tmp_path: Path) -> None:
 
 
 def test_clear_errors(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     with pytest.raises(ValueError, match=r"indexes hdf5 shards; read them with HDF5Dataset"):
         fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
     wrong = {**s3_server.options, "access_key": s3_server.credentials.access_key, "secret_key": "not-the-secret"}
@@ -170,7 +160,7 @@ def epochs_of(loader: fastload.DataLoader, epochs: int) -> list[list[dict[str, A
 
 
 def test_a_full_cache_downloads_nothing_in_epoch_two(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     remote = fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
     loader = fastload.DataLoader(remote, max_tokens=2048, num_workers=2, seed=2)
     s3_server.proxy.reset()
@@ -186,7 +176,7 @@ def test_a_full_cache_downloads_nothing_in_epoch_two(s3_server: Any, bucket: str
 def test_a_small_cache_with_shard_windows_gives_the_local_batches(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, limit_share: float
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     total = sum(p.stat().st_size for p in corpus.glob("*.h5"))
     local = fastload.HDF5Dataset(sorted(corpus.glob("*.h5")))
     expected = epochs_of(fastload.DataLoader(local, max_tokens=2048, shuffle_shards=1, seed=5), 2)
@@ -215,7 +205,7 @@ def test_a_small_cache_with_shard_windows_gives_the_local_batches(
 
 
 def test_boto3_option_names_load_the_same_batches(s3_server: Any, bucket: str, corpus: Path, tmp_path: Path) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     local = fastload.HDF5Dataset(sorted(corpus.glob("*.h5")))
     options = {"endpoint_url": s3_server.endpoint, "region_name": "us-east-1"}  # boto3's names
     remote = fastload.HDF5Dataset(url, storage_options=options, cache_dir=tmp_path)

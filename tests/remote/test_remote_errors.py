@@ -13,10 +13,9 @@ import pytest
 from _servers import Faults
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from _token_files import write_token_file
+from _token_files import indexed_token_shards
 
 import fastload
-from fastload._formats._indexing import build_index, write_index
 from fastload.errors import (
     StorageChecksumError,
     StorageError,
@@ -27,24 +26,14 @@ from fastload.errors import (
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("corpus")
-    for shard in range(2):
-        write_token_file(folder / f"part-{shard:05d}.h5", 60, 200, seed=shard)
-    write_index(folder, build_index(folder))
-    return folder
-
-
-def upload(server: Any, folder: Path, bucket: str) -> str:
-    for path in sorted(folder.iterdir()):
-        server.put(f"{bucket}/corpus/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/corpus/"
+    return indexed_token_shards(tmp_path_factory.mktemp("corpus"), 2, 60, 200)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_shard_gone_from_the_bucket_is_a_storage_not_found_error(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, num_workers: int
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     dataset = fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
     s3_server.filesystem().delete_file(f"{bucket}/corpus/part-00001.h5")
     loader = fastload.DataLoader(dataset, batch_size=200, num_workers=num_workers)
@@ -60,7 +49,7 @@ def test_a_shard_gone_from_the_bucket_is_a_storage_not_found_error(
 def test_a_checksum_that_stays_wrong_is_a_storage_checksum_error(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, num_workers: int
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     data = bytearray((corpus / "part-00000.h5").read_bytes())
     data[-1] ^= 0xFF  # same size, other bytes: only the checksum tells
     s3_server.put(f"{bucket}/corpus/part-00000.h5", bytes(data))
@@ -78,7 +67,7 @@ def test_a_checksum_that_stays_wrong_is_a_storage_checksum_error(
 def test_a_refusal_after_planning_is_a_storage_permission_error(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, num_workers: int
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket)
     dataset = fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
     s3_server.set_faults(Faults(error_rate=1.0, error_statuses=(403,)))
     loader = fastload.DataLoader(dataset, batch_size=200, num_workers=num_workers)

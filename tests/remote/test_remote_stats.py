@@ -13,10 +13,9 @@ import pytest
 from _servers import Faults
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from _token_files import write_token_file
+from _token_files import indexed_token_shards
 
 import fastload
-from fastload._formats._indexing import build_index, write_index
 
 SHARDS = 4
 
@@ -24,11 +23,7 @@ SHARDS = 4
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four HDF5 shards of token sequences (two fields: tokens and a label) and their index."""
-    folder = tmp_path_factory.mktemp("corpus")
-    for shard in range(SHARDS):
-        write_token_file(folder / f"part-{shard:05d}.h5", 150, 400, seed=shard, label=True)
-    write_index(folder, build_index(folder))
-    return folder
+    return indexed_token_shards(tmp_path_factory.mktemp("corpus"), SHARDS, 150, 400, label=True)
 
 
 def shard_bytes(folder: Path) -> int:

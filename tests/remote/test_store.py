@@ -3,13 +3,12 @@ real HTTP file server, each behind a proxy that logs every request and injects f
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
 
 import pytest
-from _servers import Faults
+from _servers import Faults, download
 from conftest import HttpServer, S3Server
 
 from fastload._remote import ObjectInfo, RetryPolicy, is_remote, open_store
@@ -23,15 +22,6 @@ QUICK = RetryPolicy(total_s=30.0, base_s=0.005, cap_s=0.05)
 
 def _payload(size: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(size)
-
-
-def _download(store, name: str, path: Path, size: int, **kwargs) -> bytes:  # type: ignore[no-untyped-def]
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        store.download(name, fd, size=size, **kwargs)
-    finally:
-        os.close(fd)
-    return path.read_bytes()
 
 
 # -- URLs and options ---------------------------------------------------------------------------
@@ -118,7 +108,7 @@ def test_download_of_20mb_in_8mb_parts_is_three_range_gets(s3_server: S3Server, 
     s3_server.put(f"{bucket}/big.bin", data)
     store = open_store(f"s3://{bucket}", s3_server.options)
     seen: list[int] = []
-    got = _download(store, "big.bin", tmp_path / "big", 20 * MB, part_bytes=8 << 20, on_bytes=seen.append)
+    got = download(store, "big.bin", tmp_path / "big", 20 * MB, part_bytes=8 << 20, on_bytes=seen.append)
     assert got == data
     log = s3_server.requests()
     assert sorted(r.range for r in log if r.method == "GET") == [
@@ -135,7 +125,7 @@ def test_download_resumes_from_an_offset_and_fetches_only_the_rest(s3_server: S3
     partial = tmp_path / "x.part"
     partial.write_bytes(data[: 2 * MB])  # what an interrupted download left
     store = open_store(f"s3://{bucket}", s3_server.options)
-    assert _download(store, "x.bin", partial, 3 * MB, start=2 * MB, part_bytes=400_000, parallel=3) == data
+    assert download(store, "x.bin", partial, 3 * MB, start=2 * MB, part_bytes=400_000, parallel=3) == data
     ranges = sorted(r.range for r in s3_server.requests() if r.method == "GET")
     assert ranges == ["bytes=2000000-2399999", "bytes=2400000-2799999", "bytes=2800000-2999999"]
     assert store.stats().bytes == 1 * MB
@@ -145,7 +135,7 @@ def test_download_refuses_an_object_whose_size_changed(s3_server: S3Server, buck
     s3_server.put(f"{bucket}/x.bin", b"x" * 100)
     store = open_store(f"s3://{bucket}", s3_server.options)
     with pytest.raises(StorageError, match="holds 100 bytes, not the 101 expected"):
-        _download(store, "x.bin", tmp_path / "x", 101)
+        download(store, "x.bin", tmp_path / "x", 101)
 
 
 def test_write_is_one_put_and_upload_round_trips(s3_server: S3Server, bucket: str, tmp_path: Path) -> None:
@@ -257,7 +247,7 @@ def test_a_missing_key_raises_not_found_at_once(s3_server: S3Server, bucket: str
     exc = _fails_fast(StorageNotFoundError, url, lambda: store.read("nope.bin"), s3_server)
     assert isinstance(exc, FileNotFoundError)
     _fails_fast(StorageNotFoundError, url, lambda: store.info("nope.bin"), s3_server)
-    _fails_fast(StorageNotFoundError, url, lambda: _download(store, "nope.bin", tmp_path / "n", 10), s3_server)
+    _fails_fast(StorageNotFoundError, url, lambda: download(store, "nope.bin", tmp_path / "n", 10), s3_server)
     assert store.stats().retries == 0
     # read: HEAD; info: HEAD and a listing (a folder of that name?); download: HEAD
     assert [r.method for r in s3_server.requests()] == ["HEAD", "HEAD", "GET", "HEAD"]
@@ -298,7 +288,7 @@ def test_downloads_survive_injected_errors_and_dropped_connections(faulty_s3: S3
     store = open_store(f"s3://{bucket}/corpus", faulty_s3.options, retry=QUICK)
     written = [f"w{attempt}" for attempt in range(3)]
     for attempt in range(3):
-        assert _download(store, "x.bin", tmp_path / f"x{attempt}", 6 * MB, part_bytes=256 << 10, parallel=4) == data
+        assert download(store, "x.bin", tmp_path / f"x{attempt}", 6 * MB, part_bytes=256 << 10, parallel=4) == data
         assert [o.name for o in store.list()] == [*written[:attempt], "x.bin", "y.bin"]
         assert store.info("y.bin").size == 1000
         assert store.read("y.bin") == data[:1000]
@@ -321,7 +311,7 @@ def test_faults_on_every_request_fail_after_the_retry_budget(faulty_s3: S3Server
     faulty_s3.put(f"{bucket}/x.bin", b"x" * 1000)
     faulty_s3.set_faults(Faults(error_rate=0.5, drop_rate=0.5))
     store = open_store(f"s3://{bucket}", faulty_s3.options, retry=RetryPolicy(total_s=1.0, base_s=0.02, cap_s=0.1))
-    for call in (lambda: store.read("x.bin"), lambda: _download(store, "x.bin", tmp_path / "x", 1000, part_bytes=100)):
+    for call in (lambda: store.read("x.bin"), lambda: download(store, "x.bin", tmp_path / "x", 1000, part_bytes=100)):
         began = time.monotonic()
         with pytest.raises(StorageError, match=r"still failing after \d+ attempts.*total_s=1") as caught:
             call()
@@ -342,7 +332,7 @@ def test_http_info_read_range_and_parallel_download(http_server: HttpServer, tmp
     assert info.size == 3 * MB and info.version.startswith('"')
     assert store.read_range("a b.bin", 10, 20) == data[10:30]
     assert store.read("a b.bin") == data
-    assert _download(store, "a b.bin", tmp_path / "a", 3 * MB, part_bytes=1 * MB) == data
+    assert download(store, "a b.bin", tmp_path / "a", 3 * MB, part_bytes=1 * MB) == data
     log = http_server.requests()
     assert [r.method for r in log] == ["HEAD", "GET", "GET", "GET", "GET", "GET"]
     assert sorted(r.range for r in log[3:]) == ["bytes=0-999999", "bytes=1000000-1999999", "bytes=2000000-2999999"]
@@ -369,7 +359,7 @@ def test_http_downloads_survive_faults(http_server: HttpServer, tmp_path: Path) 
     (http_server.root / "x.bin").write_bytes(data)
     http_server.proxy.set_faults(Faults(error_rate=0.2, drop_rate=0.2, seed=3))
     store = open_store(http_server.endpoint, retry=QUICK)
-    assert _download(store, "x.bin", tmp_path / "x", 2 * MB, part_bytes=100_000) == data
+    assert download(store, "x.bin", tmp_path / "x", 2 * MB, part_bytes=100_000) == data
     assert store.read("x.bin") == data
     assert store.info("x.bin").size == 2 * MB
     log = http_server.requests()

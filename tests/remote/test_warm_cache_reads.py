@@ -41,12 +41,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def upload(server: Any, folder: Path, bucket: str) -> str:
-    for path in sorted(folder.iterdir()):
-        server.put(f"{bucket}/arrow/{path.name}", path.read_bytes())
-    return f"s3://{bucket}/arrow/"
-
-
 class Calls:
     """Counts of wrapped calls, by name."""
 
@@ -86,7 +80,7 @@ def epoch(loader: fastload.DataLoader) -> int:
 def test_a_warm_cache_opens_and_checks_each_shard_once_and_reads_without_stat(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, calls: Calls
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket, "arrow")
     dataset = fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
     loader = fastload.DataLoader(dataset, batch_size=8, length_grouped=True, seed=1)
     calls.take()
@@ -107,7 +101,7 @@ def test_a_warm_cache_opens_and_checks_each_shard_once_and_reads_without_stat(
 def test_a_shard_checked_when_it_entered_the_cache_is_not_checked_again(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, calls: Calls
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket, "arrow")
     fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path).read_batch(
         np.arange(SHARDS) * ROWS
     )
@@ -126,7 +120,7 @@ def test_a_shard_checked_when_it_entered_the_cache_is_not_checked_again(
 def test_a_shard_changed_in_the_cache_is_checked_again(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, calls: Calls
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket, "arrow")
     dataset = fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path)
     expected = dataset.read_batch([0, ROWS])["label"].tolist()
     dataset.close()  # unpinned: the cache may now drop or replace the files
@@ -143,7 +137,7 @@ def test_a_shard_changed_in_the_cache_is_checked_again(
 def test_eviction_passes_by_the_shard_a_process_has_open_and_takes_it_once_closed(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path
 ) -> None:
-    url = upload(s3_server, corpus, bucket)
+    url = s3_server.upload(corpus, bucket, "arrow")
     dataset = fastload.ArrowDataset(url, storage_options=s3_server.options, cache_dir=tmp_path, cache_limit=1)
     # Shard 1 stays open, and pinned; shard 0 was closed to open it (the limit holds one).
     dataset.read_batch([0, ROWS])

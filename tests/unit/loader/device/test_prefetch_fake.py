@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -182,18 +181,6 @@ def drain(it: Any) -> list[Any]:
             return got
         except (ValueError, RuntimeError) as exc:
             got.append(str(exc))
-
-
-@pytest.fixture
-def refcounts_only() -> Iterator[None]:
-    """Without the cyclic collector, a host batch "dropped" is freed at once (a reference
-    cycle would keep its shared-memory slot until some later collection)."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def test_the_fake_and_cudas_ops_have_every_operation_of_the_protocol() -> None:
