@@ -195,12 +195,12 @@ class PackedSource:
             )
 
     def _name(self) -> str:
-        """The dataset as an error message names it: its path(s), else its class."""
-        for attribute in ("path", "paths", "files"):
-            where = getattr(self.dataset, attribute, None)
-            if where:
-                return str(where)
-        return type(self.dataset).__name__
+        """The dataset as an error message names it: as its own ``repr`` does (fastload's
+        readers name their files), else by its class. No attribute of the user's object is
+        read by name: a ``path`` or ``files`` of its own may hold anything."""
+        if type(self.dataset).__repr__ is object.__repr__:
+            return type(self.dataset).__name__
+        return repr(self.dataset)
 
 
 def _none_of(column: Column) -> Column:

@@ -227,6 +227,14 @@ def test_data_of_another_length_than_the_datasets_lengths_is_named(corpus: HDF5D
         PackedSource(lying, seq_len=SEQ_LEN, rows=4).read_batch(plan([[(3, 0, 8)]]))
 
 
+def test_a_datasets_own_files_attribute_is_not_taken_for_its_name() -> None:
+    dataset = Counting(LENGTHS, lie={3: 7})
+    dataset.files = {"train": ["a", "b"]}  # type: ignore[attr-defined]  # the user's, not a path
+    with pytest.raises(DataFormatError, match=r"^Counting: field 'ids' of sample 3 has 7 elements") as caught:
+        PackedSource(dataset, seq_len=SEQ_LEN, rows=4).read_batch(SPLIT)
+    assert "train" not in str(caught.value)
+
+
 def test_a_piece_beyond_its_sample_is_named(corpus: HDF5Dataset) -> None:
     with pytest.raises(ValueError, match=r"piece 1 .* tokens 2:4 of sample 2, which has 3"):
         PackedSource(corpus, seq_len=SEQ_LEN, rows=1).read_batch(plan([[(0, 0, 5), (2, 2, 4)]]))
