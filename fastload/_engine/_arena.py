@@ -356,9 +356,12 @@ class SlotArena:
         waited = False
         while True:
             with self._lock:
-                self._take_returned_locked()
-                self._reclaim_locked()
+                # Once per batch: no call where there is nothing to take in or reclaim.
+                if self._returned:
+                    self._take_returned_locked()
                 fencing = self._fencing
+                if fencing:
+                    self._reclaim_locked()
                 if self._free or not fencing or waited:
                     return self._reserve_locked()
                 oldest = fencing[0][0]

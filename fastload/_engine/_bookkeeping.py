@@ -218,6 +218,30 @@ class ReorderBuffer(Generic[T]):
             return True, item
         return False, None
 
+    def pop_ready(self) -> list[T]:
+        """Every item that may be handed out now, in the order repeated :meth:`pop` calls
+        would give them (one call per poll of the workers rather than one per item)."""
+        held = self._held
+        out: list[T] = []
+        if not self.in_order:
+            arrivals = self._arrivals
+            while arrivals:
+                seq = arrivals.popleft()
+                if seq in held:
+                    out.append(held.pop(seq))
+            return out
+        skipped, seq = self._skipped, self.next_seq
+        while True:
+            if seq in skipped:
+                skipped.discard(seq)
+            elif seq in held:
+                out.append(held.pop(seq))
+            else:
+                break
+            seq += 1
+        self.next_seq = seq
+        return out
+
     def drain(self) -> list[T]:
         """Remove and return every held item (to release their resources at shutdown)."""
         items = list(self._held.values())

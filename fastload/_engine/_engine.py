@@ -140,16 +140,6 @@ class Engine:
         self._dispatch.assign(wid, task)
         self._pool.send(wid, self._codec.task_message(self.epoch, task.seq, task.index))
 
-    def _accept(self, wid: int, task: Task, payload: Any) -> None:
-        """A task's batch was built by worker ``wid``: queue it for delivery, or
-        send the task to ``wid`` again when the codec asks for another try."""
-        again = self._codec.retry(task.index, payload)
-        if again is None:
-            self._reorder.push(task.seq, (OK, task, payload))
-        else:
-            task.index = again
-            self._send(wid, task)
-
     def get(self, refill: Callable[[], None]) -> Delivery:
         """The next item in order, blocking for it: ``(OK, batch, counts)``, ``(FAILED,
         exception, None)`` for a batch whose building raised (the caller raises it, after
@@ -176,10 +166,7 @@ class Engine:
         now be delivered, in order (see :meth:`get`). For a caller that polls :meth:`watch`
         itself (``_pump.Pump``) and passes what it found."""
         self._receive(0, ready, generation, refill)
-        out: list[Delivery] = []
-        while (item := self._next_ready()) is not None:
-            out.append(item)
-        return out
+        return [self._delivery(item) for item in self._reorder.pop_ready()]
 
     def _receive(
         self,
@@ -205,6 +192,10 @@ class Engine:
         if not found:
             return None
         assert item is not None
+        return self._delivery(item)
+
+    def _delivery(self, item: tuple[Kind, Task, Any]) -> Delivery:
+        """What the consumer gets for an item the reorder buffer let out."""
         kind, task, payload = item
         if kind is FAILED:
             return Delivery(FAILED, rebuild_exception(payload, task.seq), None, task.seq)
@@ -245,8 +236,13 @@ class Engine:
         else:
             if msg.rng is not None:
                 self._rng_after[seq] = (wid, msg.rng)
-            self._accept(wid, task, payload)
-        if self._dispatch.retirements:  # only now: _accept may have sent the task to wid again
+            again = self._codec.retry(task.index, payload)
+            if again is None:
+                self._reorder.push(seq, (OK, task, payload))
+            else:  # the codec asks for another try (a bigger slot): to the same worker
+                task.index = again
+                self._send(wid, task)
+        if self._dispatch.retirements:  # only now: the task may have gone to wid again
             self._leave_if_drained(wid)
 
     def _on_death(self, wid: int, died: WorkerDied) -> None:

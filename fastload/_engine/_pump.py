@@ -117,8 +117,9 @@ class Pump:
         self._source = source
         self._counts = counts
         self._timeout_s = timeout_s
-        # Appended under _cond by whichever driver; popped by the consumer alone (without the
-        # lock where it is not empty: deque operations are atomic).
+        # Appended by whichever driver holds ``lock`` (the thread under _cond too, to wake a
+        # consumer waiting on it); popped by the consumer alone (without a lock where it is
+        # not empty: deque operations are atomic).
         self._ready: deque[Delivery] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._granted = 0  # written by the consumer only
@@ -187,7 +188,7 @@ class Pump:
                 self._follow_pace()
                 threaded = False
         ready = self._ready
-        if threaded and ready:
+        if ready:  # either driver: the last poll found more than one batch
             item = ready.popleft()
         else:
             try:
@@ -303,11 +304,13 @@ class Pump:
     def _drive_inline(self) -> Delivery:
         """Drive the engine on this thread until the next item is ready: send what the grants
         allow, then one poll (at once when results are waiting) and take what it found."""
-        deadline = Deadline(self._timeout_s)
+        deadline: Deadline | None = None
         ready_items = self._ready
         while True:
             if ready_items:
                 return ready_items.popleft()
+            if deadline is None:  # made only where this call has to poll
+                deadline = Deadline(self._timeout_s)
             with self.lock:
                 if self._stop:
                     raise RuntimeError("the DataLoader's engine was closed")
@@ -331,7 +334,8 @@ class Pump:
             if ready:
                 with self.lock:
                     if not self._halted:
-                        self._guarded(self._collect, ready, generation)
+                        # No one to wake: the consumer is the only waiter, and it is here.
+                        self._guarded(self._collect, ready, generation, False)
 
     def _inline_poller(self, generation: int, fds: list[int]) -> select.poll:
         cached = self._inline_poll
@@ -430,20 +434,23 @@ class Pump:
         if self._spent:
             self._finish_if_done()
 
-    def _collect(self, ready: list[tuple[int, int]] | None, generation: int) -> None:
+    def _collect(
+        self, ready: list[tuple[int, int]] | None, generation: int, wake_consumer: bool = True
+    ) -> None:
         """Take what the workers sent (``ready``: what a poll found, or ``None`` to poll now)
-        and queue the batches that may now be delivered."""
+        and queue the batches that may now be delivered; ``wake_consumer``: notify a consumer
+        waiting for them (not needed where the consumer itself drives)."""
         engine = self._engine
         items = engine.collect(self._refill, ready, generation)
         if items:
             counts = self._counts
-            self._push_all(
-                [
-                    item if item.counts is not None or item.kind is not OK
-                    else item._replace(counts=counts(item.value))
-                    for item in items
-                ]
-            )
+            for i, item in enumerate(items):
+                if item.counts is None and item.kind is OK:  # the collate did not say them
+                    items[i] = item._replace(counts=counts(item.value))
+            if wake_consumer:
+                self._push_all(items)
+            else:
+                self._ready.extend(items)  # atomic; the lock held keeps the thread out
         if self._spent:
             self._finish_if_done()
 

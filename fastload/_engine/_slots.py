@@ -129,12 +129,13 @@ class SlotCodec:
 
     def task(self, indices: Any) -> SlotTask:
         raw = index_bytes(indices)  # a bad index fails here, as the sampler's error
-        return SlotTask(indices, self._slot_for(raw), raw)
+        slot = self.arena.reserve() if self._sizing is None else self._slot_for(raw)
+        return SlotTask(indices, slot, raw)
 
     def _slot_for(self, raw: bytes) -> SlotRef:
+        """A slot for a batch whose size the sampler's lengths tell (``batch_bytes``)."""
         sizing, batch_bytes = self._sizing, self._batch_bytes
-        if sizing is None or batch_bytes is None:
-            return self.arena.reserve()
+        assert sizing is not None and batch_bytes is not None
         need = batch_bytes(raw)
         if need is None:  # indices the lengths cannot answer for: a worker says what is wrong
             need = sizing.capacity or 1
@@ -149,8 +150,8 @@ class SlotCodec:
     def task_message(self, epoch: int, seq: int, index: SlotTask) -> bytes:
         return TASK.pack(b"T", epoch, seq, *index.slot, self.arena.live_from) + index.raw
 
-    def result_message(self, data: bytes) -> Reply:
-        return decode_reply(data)
+    #: A worker's reply from its bytes: the function itself, one call per batch, not a wrapper.
+    result_message = staticmethod(decode_reply)
 
     def deliver(self, index: SlotTask, payload: SlotBatch) -> tuple[dict[str, Any], Counts | None]:
         """The batch (tensors viewing the slot) and what the worker counted in it."""

@@ -406,7 +406,11 @@ class WorkerIterator(_BaseIterator):
     def __init__(self, loader: IteratedLoader) -> None:
         super().__init__(loader)
         self._persistent = loader.persistent_workers
-        self._tuner = AutoTuner(min_workers=1, memory_ok=_memory_ok) if self._options.auto_workers else None
+        self._tuner = (
+            AutoTuner(min_workers=1, memory_ok=_memory_ok, cpu_clock=time.thread_time)
+            if self._options.auto_workers
+            else None
+        )
         self._host_extras = self._tuner is not None or self._pin
         self._last_fields: dict[str, Any] = {}
         self._report_final = _weakly(loader._on_shutdown)

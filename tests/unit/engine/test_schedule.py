@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import tracemalloc
 
 import pytest
@@ -159,6 +160,29 @@ def test_reorder_buffer_refuses_a_duplicate_delivery() -> None:
     buf.pop()
     with pytest.raises(ValueError, match="already delivered"):
         buf.push(0, "again")
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_pop_ready_hands_out_what_repeated_pops_would(in_order: bool) -> None:
+    rng = random.Random(7)
+    one: ReorderBuffer[int] = ReorderBuffer(in_order=in_order)
+    many: ReorderBuffer[int] = ReorderBuffer(in_order=in_order)
+    order = list(range(400))
+    rng.shuffle(order)
+    for seq in order:  # arrivals out of sequence, some never produce an item
+        for buf in (one, many):
+            if seq % 7 == 3:
+                buf.skip(seq)
+            else:
+                buf.push(seq, seq * 10)
+        if rng.random() < 0.3:
+            popped = []
+            while (got := one.pop())[0]:
+                popped.append(got[1])
+            assert many.pop_ready() == popped
+            assert (many.next_seq, many.pending) == (one.next_seq, one.pending)
+    assert many.pop_ready() == [item for found, item in iter(one.pop, (False, None))]
+    assert many.pending == one.pending == 0
 
 
 def test_drain_returns_every_held_item() -> None:

@@ -1,41 +1,48 @@
 """The worker auto-tuning policy in a controlled simulation: a fluid model of a loader whose
-workers each produce ``rate`` batches/s feeding a consumer whose step takes ``step_s``."""
+workers each produce ``rate`` batches/s feeding a consumer whose step takes ``step_s`` and
+whose own work per batch (receiving and handing it out, inside ``next()``) takes ``own_s``."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
 from fastload._metrics import AutoTuner, ManualClock, available_cores
+from fastload._metrics._autotune import ADD_BUSY
 
 
 @dataclass
 class FluidLoader:
-    """Over ``dt`` seconds with ``n`` workers: if ``n·rate >= 1/step_s`` the consumer never
-    waits and the workers idle the surplus; else it waits for every batch beyond ``n·rate``."""
+    """Over ``dt`` seconds with ``n`` workers: if ``n·rate >= 1/(step_s + own_s)`` the consumer
+    never waits for a worker and the workers idle the surplus; else it waits for every batch
+    beyond ``n·rate``. The meter counts the consumer's own work as waiting (it is inside
+    ``next()``); ``cpu_s`` is the consumer thread's CPU: its own work, and its step where the
+    step runs on the CPU (``step_on_cpu``)."""
 
     rate: float  # batches per second per worker
     step_s: float
     jitter: float = 0.0  # relative noise on the rate, per window
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    own_s: float = 0.0
+    step_on_cpu: bool = False
     wait_s: float = 0.0
     consumer_step_s: float = 0.0
     busy_s: float = 0.0
+    cpu_s: float = 0.0
 
     def run(self, n: int, dt: float) -> None:
         rate = self.rate * (1 + self.jitter * self.rng.uniform(-1, 1))
-        supply, demand = n * rate, 1 / self.step_s
-        if supply >= demand:
-            self.consumer_step_s += dt
-            self.busy_s += n * dt * demand / supply
-        else:
-            stepping = supply * dt * self.step_s
-            self.consumer_step_s += stepping
-            self.wait_s += dt - stepping
-            self.busy_s += n * dt
+        supply, demand = n * rate, 1 / (self.step_s + self.own_s)
+        batches = min(supply, demand) * dt
+        stepping = batches * self.step_s
+        self.consumer_step_s += stepping
+        self.wait_s += dt - stepping
+        self.busy_s += n * dt * min(1.0, demand / supply)
+        self.cpu_s += batches * self.own_s + (stepping if self.step_on_cpu else 0.0)
 
 
 def simulate(
@@ -104,6 +111,43 @@ def test_noisy_rates_near_the_boundary_settle_instead_of_oscillating() -> None:
     changes = sum(a != b for a, b in itertools.pairwise(counts))
     assert changes <= 2 * tuner.max_workers
     assert len(set(counts[-1_000:])) == 1
+
+
+def test_a_consumer_bound_loader_stops_short_of_idle_workers() -> None:
+    # 10 batches/s per worker against a consumer that spends 10 ms of its own per batch and no
+    # step (the meter sees ~100 % stall whatever the pool): 10 workers reach its ceiling of
+    # 100 batches/s. Growing while the workers were busy half the time went to 21.
+    clock = ManualClock()
+    tuner = AutoTuner(max_workers=64, clock=clock)
+    counts = simulate(tuner, FluidLoader(rate=10, step_s=0.0, own_s=0.010), clock, windows=200)
+    best = 10
+    assert best <= counts[-1] <= math.ceil(best / ADD_BUSY)
+    assert counts[-100:] == [counts[-1]] * 100
+
+
+def test_workers_are_retired_when_the_stall_becomes_the_consumers_own_cost() -> None:
+    clock = ManualClock()
+    tuner = AutoTuner(max_workers=16, clock=clock)
+    model = FluidLoader(rate=10, step_s=0.030)
+    assert simulate(tuner, model, clock, windows=50)[-1] == 4
+    # Now the consumer itself takes 100 ms a batch: one worker keeps up; the stall stays.
+    model.step_s, model.own_s = 0.0, 0.100
+    counts = simulate(tuner, model, clock, windows=50)
+    assert counts[-20:] == [2] * 20  # the fewest that stay under ADD_BUSY (one is saturated)
+    assert counts == sorted(counts, reverse=True)
+
+
+def test_a_busy_consumer_keeps_a_core_from_the_workers() -> None:
+    # The step runs on the CPU and takes 40 ms of each batch: with 3 workers (15 batches/s)
+    # the consumer is busy 60 % of the time, so a fourth worker would not fit in 4 cores.
+    clock = ManualClock()
+    model = FluidLoader(rate=5, step_s=0.040, step_on_cpu=True)
+    tuner = AutoTuner(max_workers=4, clock=clock, cpu_clock=lambda: model.cpu_s)
+    counts = simulate(tuner, model, clock, windows=60)
+    assert counts[-30:] == [3] * 30
+    clock, model = ManualClock(), FluidLoader(rate=5, step_s=0.040, step_on_cpu=True)
+    tuner = AutoTuner(max_workers=4, clock=clock)  # the consumer's CPU unknown: every core
+    assert simulate(tuner, model, clock, windows=60)[-1] == 4
 
 
 def test_no_worker_is_added_without_memory_for_it() -> None:

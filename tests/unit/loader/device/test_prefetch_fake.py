@@ -470,7 +470,7 @@ def test_the_slots_are_released_only_after_the_last_copy_from_them_has_finished(
 
     from fastload._engine._arena import SlotArena
 
-    sys.path.insert(0, str(Path(__file__).parents[2] / "integration"))
+    sys.path.insert(0, str(Path(__file__).parents[3] / "integration"))
     from _token_files import write_token_file
 
     fake = FakeCuda(monkeypatch)
@@ -503,7 +503,7 @@ def test_packed_labels_are_built_after_the_copy_and_equal_the_host_built_ones(
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parents[2] / "integration"))
+    sys.path.insert(0, str(Path(__file__).parents[3] / "integration"))
     from _token_files import write_token_file
 
     path = write_token_file(tmp_path / "t.h5", 120, 90)
