@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,7 @@ MAX_OPEN_REMOTE_SHARDS = 64
 #: (the rest is for the shards fetched ahead of the reads: see NOTE [open while pinned]).
 PINNED_SHARE = 0.5
 
-_R = TypeVar("_R")
+_R = TypeVar("_R", bound=ShardReaderLike)
 
 
 class CachedShards:
@@ -89,10 +89,10 @@ class CachedShards:
             reader = open_file(file)
             try:
                 if not checked:
-                    self._check_lengths(shard, cast(ShardReaderLike, reader))
+                    self._check_lengths(shard, reader)
                     source.mark_checked(shard, self._checks)
             except BaseException:
-                cast(ShardReaderLike, reader).close()  # never stored: nothing else would close it
+                reader.close()  # never stored: nothing else would close it
                 raise
         except BaseException:
             pin.__exit__(None, None, None)

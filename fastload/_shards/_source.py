@@ -24,8 +24,6 @@ import numpy.typing as npt
 from fastload._types import Field, StorageCounts
 from fastload.errors import DataFormatError
 
-_R = TypeVar("_R")
-
 
 @dataclass(frozen=True)
 class ShardFile:
@@ -74,6 +72,10 @@ class ShardReaderLike(Protocol):
     def lengths(self, field: str) -> npt.NDArray[np.int64]: ...
 
     def close(self) -> None: ...
+
+
+#: The reader a source's ``open_file`` makes.
+_R = TypeVar("_R", bound=ShardReaderLike)
 
 
 class ShardSource(Protocol):
