@@ -509,8 +509,10 @@ def test_training_tokens_per_second_packed_grouped_random(
     benchmark.pedantic(
         lambda: train(packed_loader(corpus.path, num_workers=0), 1), rounds=1, iterations=1
     )
-    # Packing trains on real tokens only, so it must beat random batches' padded ones.
-    assert real_rate[f"packed, pack_length={SEQ_LEN}, batch_size={ROWS}"] > real_rate[baseline]
+    # Packing trains on real tokens only, where random batches spend most of theirs on padding.
+    # Checked on the batches, not the clock: which trains faster is what the table measures (a
+    # smoke run's three steps are a timing race on a shared host).
+    assert share[f"packed, pack_length={SEQ_LEN}, batch_size={ROWS}"] > 0.99 > 0.5 > share[baseline]
 
 
 if __name__ == "__main__":
