@@ -5,12 +5,15 @@ Nothing here touches a process, a queue or a clock, so every rule is tested with
 The dispatch rule reproduces torch's DataLoader exactly (a round-robin cycle over the active
 workers; with ``in_order=False``, a worker is skipped while it holds its fair share of tasks),
 because which worker builds which batch decides the per-worker random state, and so the content
-of randomly augmented batches.
+of randomly augmented batches. Where the batch does not depend on the worker that builds it
+(the fast path), :meth:`Dispatcher.pick_in_time` places a task instead by when it is due: see
+NOTE [tasks placed in time].
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -32,6 +35,7 @@ class _WorkerBook:
     active: bool = True
     retiring: bool = False  # gets no tasks; leaves once it holds none
     tasks: deque[Task] = field(default_factory=deque)  # FIFO: a worker builds in arrival order
+    sent: int = 0  # tasks sent to this worker (this process of it) since it started
 
 
 class RetryBudgetExceeded(Exception):
@@ -75,6 +79,25 @@ class Dispatcher:
                 return wid
         return None
 
+    def pick_in_time(self, finished: Callable[[int], int], build_s: float, due_s: float) -> int | None:
+        """The worker for a task due in ``due_s`` seconds (when the consumer will ask for it),
+        where a batch takes a worker ``build_s`` to build and ``finished(w)`` says how many of
+        the tasks sent to worker ``w`` it has finished: the lowest-numbered active worker that
+        will have built it by then, else the one with the fewest tasks left to build (the
+        lowest-numbered of those). See NOTE [tasks placed in time]; ``None`` when no worker is
+        active."""
+        best: int | None = None
+        fewest = 0
+        for wid, book in enumerate(self._books):
+            if not book.active:
+                continue
+            left = book.sent - finished(wid)
+            if (left + 1) * build_s <= due_s:
+                return wid
+            if best is None or left < fewest:
+                best, fewest = wid, left
+        return best
+
     def start_at(self, worker_id: int) -> None:
         """Continue the round-robin cycle at ``worker_id``."""
         self._cursor = worker_id % self.num_workers
@@ -83,8 +106,14 @@ class Dispatcher:
         return sum(book.active for book in self._books)
 
     def assign(self, worker_id: int, task: Task) -> None:
-        self._books[worker_id].tasks.append(task)
+        book = self._books[worker_id]
+        book.tasks.append(task)
+        book.sent += 1
         self._holder[task.seq] = worker_id
+
+    def replaced(self, worker_id: int) -> None:
+        """A fresh process took over worker ``worker_id`` (a respawn): nothing sent to it yet."""
+        self._books[worker_id].sent = 0
 
     # -- arrivals -------------------------------------------------------------------------------
     def complete(self, seq: int) -> Task:

@@ -9,6 +9,7 @@ ends the epoch with :class:`~fastload.errors.WorkerCrashedError` instead of resp
 from __future__ import annotations
 
 import functools
+import math
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -36,6 +37,23 @@ from fastload._types import StorageCounts
 from fastload.errors import WorkerCrashedError
 
 MAX_DEATHS = 3  # workers a single batch may kill before the epoch fails
+_BUILD_WEIGHT = 0.125  # weight of the newest build time in the average
+
+# NOTE [tasks placed in time] — Where a batch is the same whichever worker builds it (a reader
+# and a collate that say their output depends on nothing of the process, and no
+# ``worker_init_fn``: ``_runner.same_in_any_worker``), tasks need not go round-robin as torch's
+# do, which keeps each worker's random stream tied to its batches. Round-robin keeps
+# every worker in turn: each builds every n-th batch in tens of microseconds, sleeps, and is
+# woken by the write of its next task, so on a host with few cores the workers and the consumer
+# switch in and out at every batch. Here 2 workers on 2 cores took the consumer 110 µs a batch
+# against 50 µs with 1 worker (benchmarks/README.md, "Tasks placed in time"). Instead a task
+# goes to the lowest-numbered worker that will have built it by the time the consumer asks for
+# it: the tasks it has left plus this one, at the average build time, within the tasks queued
+# ahead of it at the consumer's average period per batch (``Pump`` measures it, its waits left
+# out). As few workers build as keep up, each with its next task queued (a write to a busy
+# worker wakes nobody); once the lowest ones would be late (slow builds, a fast consumer, a
+# worker stuck on a read), tasks go to the worker with the fewest left, as evenly as
+# round-robin. Until the first build time is known, that is where every task goes.
 _DONE = Delivery(DONE, None, None)
 
 
@@ -60,6 +78,7 @@ class Engine:
         max_workers: int | None = None,
         start_workers: int | None = None,  # fork this many now, the rest at start_workers()
         pool: PoolFactory | None = None,  # starts the workers; None: processes in ctx
+        place_in_time: bool = False,  # NOTE [tasks placed in time]; else torch's round-robin
     ) -> None:
         self.epoch = 0
         self.respawns = 0
@@ -82,6 +101,8 @@ class Engine:
         self.retries = 0  # tasks re-dispatched after their worker died
         self._closed = False
         self._max_tasks_per_worker = max_tasks // num_workers
+        self._place_in_time = place_in_time
+        self._build_s = math.inf  # average seconds a worker takes for a batch (unknown: inf)
         start_pool: PoolFactory = pool or functools.partial(
             WorkerPool, ctx or multiprocessing.get_context()
         )
@@ -126,9 +147,13 @@ class Engine:
         epoch gives each batch to the worker that built it in the interrupted run)."""
         self._dispatch.start_at(worker_id)
 
-    def put(self, index: Any) -> bool:
-        """Dispatch one task; ``False`` when no worker is active to take it."""
-        wid = self._dispatch.pick_worker()
+    def put(self, index: Any, due_s: float | None = None) -> bool:
+        """Dispatch one task; ``False`` when no worker is active to take it. ``due_s``: in how
+        many seconds the consumer will ask for it, where the engine places tasks in time."""
+        if self._place_in_time and due_s is not None:
+            wid = self._dispatch.pick_in_time(self._pool.finished, self._build_s, due_s)
+        else:
+            wid = self._dispatch.pick_worker()
         if wid is None:
             return False
         task = Task(self._next_seq, index)
@@ -225,6 +250,9 @@ class Engine:
             return
         task = self._dispatch.complete(seq)
         self._idle_deaths[wid] = 0
+        if kind == OK:
+            build = self._build_s
+            self._build_s = busy_s if build == math.inf else build + _BUILD_WEIGHT * (busy_s - build)
         if kind == EXHAUSTED:
             self._reorder.skip(seq)
             for dropped in self._dispatch.deactivate(wid):
@@ -274,6 +302,7 @@ class Engine:
         self.respawns += 1
         self.retries += len(lost)
         self._pool.respawn(wid)
+        self._dispatch.replaced(wid)
         for task in lost:
             self._send(wid, task)
 

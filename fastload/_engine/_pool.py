@@ -125,6 +125,9 @@ class WorkerPool:
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
         self._progress = ctx.RawArray("q", [-1] * max(num_workers, max_workers or 0))
+        # finished[w]: how many tasks worker w has finished (replied to), written by the worker
+        # after each reply; the main process places tasks by it without reading the replies.
+        self._finished = ctx.RawArray("q", len(self._progress))
         self._finalizer = weakref.finalize(self, _close_ends, self._tasks, self._results)
         self._unstarted = list(range(num_workers))
         self.start_rest(start)
@@ -148,11 +151,12 @@ class WorkerPool:
         inherited = (task_writer, reader) if self._ctx.get_start_method() == "fork" else ()
         proc = self._ctx.Process(
             target=worker_main,
-            args=(self._make_spec(wid), task_reader, writer, self._progress, inherited),
+            args=(self._make_spec(wid), task_reader, writer, self._progress, self._finished, inherited),
             name=f"fastload-worker-{wid}",
             daemon=True,
         )
         self._progress[wid] = -1
+        self._finished[wid] = 0
         with _frozen_for_fork(self._ctx):
             proc.start()
         track(proc)
@@ -167,6 +171,10 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p is not None]
+
+    def finished(self, wid: int) -> int:
+        count: int = self._finished[wid]
+        return count
 
     def send(self, wid: int, msg: Any) -> None:
         """Send ``msg`` to worker ``wid``: a pickle, or bytes a codec encoded itself."""

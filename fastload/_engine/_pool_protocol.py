@@ -65,6 +65,11 @@ class Pool(Protocol):
         and that is not respawned yet, the message is dropped (the engine sends its tasks again
         after :meth:`respawn`). Never sent to a worker not started yet."""
 
+    def finished(self, wid: int) -> int:
+        """How many of the tasks sent to the live worker ``wid`` it has finished (replied to,
+        or dropped), read without waiting for its replies: what it still has to build is the
+        tasks sent to it less this. Counts from 0 for each worker started."""
+
     def fds(self) -> list[int]:
         """Descriptors that become readable when :meth:`wait` has something to report, for a
         caller that polls them itself; a new list whenever :attr:`generation` changes (callers

@@ -63,6 +63,7 @@ _IDLE_POLL_MS = int(MAX_BLOCK_S * 1000)  # longest block; every wake re-checks w
 SLOW_STEP_S = 1e-3
 FAST_STEP_S = 0.3e-3
 _STEP_WEIGHT = 0.25  # weight of the newest step in the average
+_PERIOD_WEIGHT = 0.125  # weight of the newest period in the average
 
 
 class Waker:
@@ -135,6 +136,12 @@ class Pump:
         self._step_s = 0.0
         self._paced = False  # a step has been timed (the first sets the average outright)
         self._taken_at: float | None = None
+        # The consumer's period: seconds from one take() to the next, less what it waited in
+        # between (NOTE [tasks placed in time] in _engine.py), as an exponential average.
+        self._period_s = 0.0
+        self._entered_at: float | None = None
+        self._waited_mark = 0.0  # waited_s as the last take() began
+        self._taken = 0  # items taken this epoch (the tasks dispatched ahead are _used less it)
         self._threaded = False
         #: Seconds the consumer has spent blocked in get(), waiting for the workers.
         self.waited_s = 0.0
@@ -172,6 +179,13 @@ class Pump:
         already waiting, is a few lines here: after a long step every line runs from cold
         caches (``benchmarks/README.md``, "next() of a ready batch")."""
         now = _clock()
+        entered_at = self._entered_at
+        if entered_at is not None:
+            period = now - entered_at - (self.waited_s - self._waited_mark)
+            average = self._period_s
+            self._period_s = average + _PERIOD_WEIGHT * (period - average) if average else period
+        self._entered_at, self._waited_mark = now, self.waited_s
+        self._taken += 1
         taken_at = self._taken_at
         if taken_at is not None:
             step = now - taken_at
@@ -275,7 +289,7 @@ class Pump:
                 self._ready.clear()
                 self._ended = False
             self._source = source
-            self._granted = self._used = self._skipped_grants = 0
+            self._granted = self._used = self._skipped_grants = self._taken = 0
             self._spent = self._halted = False
             self._source_error = None
             self._taken_at = None
@@ -426,11 +440,13 @@ class Pump:
                 index = self._source()
             except BaseException as exc:  # raised once the batches dispatched before it are out
                 self._source_error, index = exc, _END
+            ahead = self._used - self._taken  # dispatched and not taken yet
             self._used += 1
             if index is _END:
                 self._spent = True
             else:
-                engine.put(index)
+                # Due once the consumer has taken the tasks dispatched ahead of it.
+                engine.put(index, ahead * self._period_s)
         if self._spent:
             self._finish_if_done()
 

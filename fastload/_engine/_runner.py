@@ -200,7 +200,9 @@ def worker_spec(options: RunnerOptions, builder: SlotBuilder | None) -> WorkerSp
     )
 
 
-def start_engine(options: RunnerOptions, specs: SpecFactory, codec: Any, start: int | None) -> Engine:
+def start_engine(
+    options: RunnerOptions, specs: SpecFactory, codec: Any, start: int | None, place_in_time: bool = False
+) -> Engine:
     return Engine(
         ctx=options.mp_context or multiprocessing.get_context(),
         num_workers=options.num_workers,
@@ -212,6 +214,20 @@ def start_engine(options: RunnerOptions, specs: SpecFactory, codec: Any, start: 
         codec=codec,
         max_workers=usable_cores() if options.auto_workers else None,
         start_workers=start,
+        place_in_time=place_in_time,
+    )
+
+
+def same_in_any_worker(options: RunnerOptions) -> bool:
+    """Whether a batch is the same whichever worker builds it: a reader and a collate that say
+    their output depends on nothing of the process (``fastload._protocols``), and no
+    ``worker_init_fn`` to make the workers differ. Then tasks are placed in time (NOTE [tasks
+    placed in time] in ``_engine.py``), not round-robin."""
+    capabilities = options.capabilities
+    return (
+        capabilities.dataset.process_independent_reads
+        and capabilities.collate.process_independent
+        and options.worker_init_fn is None
     )
 
 
@@ -369,7 +385,7 @@ class SlotRunner(RunnerBase):
         specs = SpecFactory(worker_spec(options, builder), options.host)
         # Worker 0 is forked first and gets the first task before the others are forked, so
         # the first batch is built while they start.
-        self._engine = start_engine(options, specs, self._codec, 1)
+        self._engine = start_engine(options, specs, self._codec, 1, place_in_time=same_in_any_worker(options))
         self._pump = Pump(
             self._engine, SlotSource(sampler_iter, self._codec), batch_counts, options.timeout_s
         )

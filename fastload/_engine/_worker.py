@@ -166,10 +166,12 @@ def worker_main(
     tasks: Connection,
     results: Connection,
     progress: Any,
+    finished: Any,
     parent_ends: tuple[int, ...] = (),
 ) -> None:
     """Entry point of a worker process (a module-level function, so spawn can import it).
-    ``progress[worker_id]`` tells the main process which task this worker is building.
+    ``progress[worker_id]`` tells the main process which task this worker is building,
+    ``finished[worker_id]`` how many tasks it has finished (replied to, or dropped).
     ``parent_ends``: the main process's ends of this worker's own pipes, which a forked worker
     inherits and closes, so that the main process closing them is an end-of-file here."""
     for fd in parent_ends:
@@ -229,6 +231,7 @@ def worker_main(
                 continue
             task_epoch, seq, index = msg  # a TaskMessage
             if exhausted:
+                finished[spec.worker_id] += 1
                 continue  # the main process dropped this worker's tasks when it was told
             if init_failure is not None:  # reported with the first task, as torch does
                 failure = dataclasses.replace(init_failure, index=index)
@@ -251,6 +254,7 @@ def worker_main(
             del reply
             write_frame(results_fd, data)  # Connection's framing, without its per-call checks
             progress[spec.worker_id] = -1
+            finished[spec.worker_id] += 1
             del data
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return  # the main process is gone or closed our pipe

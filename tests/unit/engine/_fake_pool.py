@@ -151,6 +151,11 @@ class FakePool:
             else:
                 self.lost.append((wid, msg))
 
+    def finished(self, wid: int) -> int:
+        with self._lock:
+            worker = self.workers[wid]
+            return 0 if worker is None else len(worker.answered)
+
     def fds(self) -> list[int]:
         return self._fds
 
@@ -379,6 +384,7 @@ class Fakes:
         max_workers: int | None = None,
         start_workers: int | None = None,
         clock: FakeClock | None = None,
+        place_in_time: bool = False,
     ) -> tuple[Engine, FakePool]:
         """An engine whose workers are a :class:`FakePool` (returned with it); each worker's
         spec is ``(worker id, epoch)``."""
@@ -400,6 +406,7 @@ class Fakes:
             max_workers=max_workers,
             start_workers=start_workers,
             pool=start_pool,
+            place_in_time=place_in_time,
         )
         self._engines.append(engine)
         return engine, made[0]

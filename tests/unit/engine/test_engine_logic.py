@@ -365,3 +365,29 @@ def test_retire_worker_says_whether_a_worker_will_leave(fakes: Any) -> None:
     assert engine.retire_worker() is True and engine.staying_workers == 1
     assert engine.retire_worker() is False  # never below one worker
     assert engine.staying_workers == 1
+
+
+def test_tasks_placed_in_time_survive_a_death_on_the_busy_worker(fakes: Fakes) -> None:
+    """NOTE [tasks placed in time]: worker 0 holds every task the consumer needs; it dies, a
+    fresh process takes them over, each batch still comes once and in order, and the fresh
+    worker is counted from nothing sent (what the dead one had left does not weigh on it)."""
+    engine, pool = fakes.engine(num_workers=2, prefetch=4, place_in_time=True)
+    indices = [batch_indices(k) for k in range(8)]
+    assert engine.put(indices[0], due_s=10.0)
+    pool.reply(0, 0, busy_s=1.0)  # a build takes 1 s; the consumer needs one in 10 s
+    assert engine.collect(_no_refill)[0].value == indices[0]
+    for k in range(1, 5):
+        assert engine.put(indices[k], due_s=10.0)
+    assert (pool.seqs(0), pool.seqs(1)) == ([0, 1, 2, 3, 4], [])
+    pool.reply(0, 1, busy_s=1.0)
+    pool.die(0, culprit=2)
+    assert [item.value for item in engine.collect(_no_refill)] == [indices[1]]
+    assert [t.seq for t in pool.worker(0).unanswered()] == [2, 3, 4]  # the fresh process
+    assert engine.put(indices[5], due_s=5.0)  # 3 left on the fresh worker: room for a fourth
+    assert pool.seqs(0)[-1] == 5 and pool.seqs(1) == []
+    for k in range(6, 8):
+        assert engine.put(indices[k], due_s=2.0)  # due too soon for worker 0: worker 1
+    assert pool.seqs(1) == [6, 7]
+    _answer_all(pool)
+    assert _epoch(engine) == indices[2:]
+    assert engine.respawns == 1 and engine.retries == 3

@@ -239,3 +239,42 @@ def test_a_timeout_raises_in_either_driver(fakes: Fakes, driver: str) -> None:
         consumer.take()
 
 
+
+
+@pytest.mark.parametrize("build_s", [0.1, 5.0])
+def test_tasks_placed_in_time_keep_to_the_workers_the_consumer_needs(
+    fakes: Fakes, monkeypatch: pytest.MonkeyPatch, build_s: float
+) -> None:
+    """NOTE [tasks placed in time]: the consumer takes a batch a second (the test's clock);
+    builds of 0.1 s keep up on worker 0 alone, builds of 5 s need both workers (each task to
+    the one with fewer left)."""
+    monkeypatch.setattr(_pump, "SLOW_STEP_S", 1e9)  # the inline driver throughout
+    engine, pool = fakes.engine(num_workers=2, prefetch=2, place_in_time=True)
+    pump = fakes.pump(engine, _Sampler(12))
+    pump.grant(4)
+    consumer, now = _Consumer(pump), [0.0]
+    for k in range(12):
+        now[0] += 1.0
+        pool.reply(pool.await_task(k), k, busy_s=build_s)
+        assert consumer.take(_clock=lambda: now[0]) == _ok(k)
+    assert consumer.take().kind is DONE
+    if build_s < 1.0:
+        # The first tasks go out before any build time is known: as evenly as round-robin.
+        assert pool.seqs(1) == [1, 3]
+        assert pool.seqs(0) == [0, 2, *range(4, 12)]
+    else:
+        assert set(pool.seqs(1)) - {1, 3}, "worker 1 got no task once builds were known slow"
+        assert sorted(pool.seqs(0) + pool.seqs(1)) == list(range(12))
+
+
+def test_without_placing_in_time_tasks_go_round_robin_whatever_the_pace(
+    fakes: Fakes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pump, "SLOW_STEP_S", 1e9)
+    consumer, pool, _ = _start(fakes, batches=8)
+    now = [0.0]
+    for k in range(8):
+        now[0] += 1.0
+        pool.reply(pool.await_task(k), k, busy_s=0.1)
+        assert consumer.take(_clock=lambda: now[0]) == _ok(k)
+    assert (pool.seqs(0), pool.seqs(1)) == ([0, 2, 4, 6], [1, 3, 5, 7])

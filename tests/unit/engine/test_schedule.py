@@ -216,3 +216,58 @@ def test_a_retiring_worker_gets_no_task_and_leaves_once_drained() -> None:
     assert d.num_workers == 1
     assert d.reactivate_all() == []
     assert d.pick_worker() == 0
+
+
+class _Finished(dict[int, int]):
+    """What each worker has finished, as the pool's ``finished(wid)`` reports it."""
+
+    def __call__(self, wid: int) -> int:
+        return self.get(wid, 0)
+
+
+def _place(d: Dispatcher, seq: int, finished: _Finished, build_s: float, due_s: float) -> int:
+    wid = d.pick_in_time(finished, build_s, due_s)
+    assert wid is not None
+    d.assign(wid, Task(seq, None))
+    return wid
+
+
+def test_tasks_in_time_go_to_the_lowest_worker_that_builds_them_before_they_are_due() -> None:
+    d, finished = _dispatcher(3, max_tasks=12), _Finished()
+    # 1 s a build, due in 3 s: worker 0 can hold 3 (the third is built at 3 s), then worker 1.
+    picks = [_place(d, seq, finished, 1.0, 3.0) for seq in range(7)]
+    assert picks == [0, 0, 0, 1, 1, 1, 2]
+    finished[0] = 2  # worker 0 built two of its tasks: it has room again, before the others
+    assert [_place(d, seq, finished, 1.0, 3.0) for seq in (7, 8)] == [0, 0]
+    # Due later than every worker's backlog allows: the lowest-numbered worker still wins.
+    assert _place(d, 9, finished, 1.0, 100.0) == 0
+
+
+def test_tasks_late_everywhere_go_to_the_worker_with_fewest_left() -> None:
+    d, finished = _dispatcher(3, max_tasks=12), _Finished()
+    # Builds slower than the consumer (or not measured yet: inf): as even as round-robin.
+    assert [_place(d, seq, finished, 5.0, 1.0) for seq in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert [_place(d, seq, finished, float("inf"), 0.0) for seq in range(6, 9)] == [0, 1, 2]
+    finished[2] = 3  # worker 2 finished all it had: fewest left
+    assert _place(d, 9, finished, 5.0, 1.0) == 2
+
+
+def test_tasks_in_time_skip_inactive_and_retiring_workers() -> None:
+    d, finished = _dispatcher(3, max_tasks=12), _Finished()
+    d.deactivate(0)
+    d.retire_last()
+    assert [_place(d, seq, finished, 1.0, 10.0) for seq in range(3)] == [1, 1, 1]
+    d.deactivate(1)
+    assert d.pick_in_time(finished, 1.0, 10.0) is None
+
+
+def test_a_respawned_worker_starts_with_nothing_sent() -> None:
+    d, finished = _dispatcher(2, max_tasks=8), _Finished()
+    for seq in range(2):
+        _place(d, seq, finished, 1.0, 2.0)  # worker 0 holds both
+    lost = d.lose_worker(0, culprit=None)
+    d.replaced(0)  # the pool's count of what the fresh process finished starts at 0 too
+    for task in lost:
+        d.assign(0, task)
+    assert _place(d, 2, finished, 1.0, 3.0) == 0  # 2 left on the fresh worker, room for a third
+    assert _place(d, 3, finished, 1.0, 3.0) == 1
