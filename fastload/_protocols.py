@@ -11,10 +11,11 @@ attribute is of the kind it declares.
 Reader capabilities
 
 * ``process_independent_reads: bool`` — ``read_batch`` of the same indices gives the same bytes
-  in any process. With a collate that says the same of itself, the main process may build a
-  batch that no worker has started yet, instead of waiting for one. A reader that reads through
-  per-process state (a ``worker_init_fn`` that changes it, a random augmentation) must not say
-  so. The engine never builds in the main process when the loader has a ``worker_init_fn``.
+  in any process. With a collate that says the same of itself, a batch is the same whichever
+  worker builds it, so the engine places each task on the worker that will have it ready in
+  time instead of round-robin (NOTE [tasks placed in time] in ``_engine/_engine.py``). A reader
+  that reads through per-process state (a ``worker_init_fn`` that changes it, a random
+  augmentation) must not say so. With a ``worker_init_fn`` the tasks go round-robin, as torch's.
 * ``reads_in_place: bool`` and ``read_batch_in_place(indices)`` (:class:`InPlaceReader`) — the
   same samples as ``read_batch``, but a memory-mapped ragged field may come back as
   :class:`~fastload._types.Spans` over the map, which the padding gathers from without a copy.
@@ -249,7 +250,7 @@ class AdvisesReads(Protocol):
 @runtime_checkable
 class ProcessIndependentReader(Protocol):
     """A dataset whose ``read_batch`` gives the same bytes in any process (see the module
-    text): the main process may build a batch no worker has started."""
+    text): any worker may build any of its batches."""
 
     process_independent_reads: bool
 

@@ -54,8 +54,6 @@ def test_one_summary_per_epoch(h5: Path) -> None:
 
 
 def test_live_stats_show_slots_in_use_and_per_worker_busy_time(h5: Path) -> None:
-    # Host tuning off: every batch comes from a worker (a tuned main process may build the
-    # first ones itself, and the workers would then have no busy time to report yet).
     loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, host_tuning=False)
     it = iter(loader)
     held = [next(it) for _ in range(6)]

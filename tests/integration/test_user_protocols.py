@@ -20,7 +20,7 @@ from _token_files import write_token_file
 class TokenLists(torch.utils.data.Dataset):
     """Token id lists held in memory, read a batch at a time (the README's reader)."""
 
-    process_independent_reads = True  # the same bytes in any process: the main process may build
+    process_independent_reads = True  # the same bytes in any process: any worker may build a batch
 
     def __init__(self, docs: list[np.ndarray]) -> None:
         self._values = np.concatenate(docs).astype(np.int32)
