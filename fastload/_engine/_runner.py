@@ -390,7 +390,11 @@ class SlotRunner(RunnerBase):
             self._engine, SlotSource(sampler_iter, self._codec), batch_counts, options.timeout_s
         )
         self._lock = threading.Lock()  # close() may come from a finalizer on another thread
-        self._prime(first=True)
+        try:
+            self._prime(first=True)
+        except BaseException:  # a fork that failed: nothing started may outlive the runner
+            self.close(join_s=0.1)
+            raise
 
     def _prime(self, first: bool = False) -> None:
         budget = self._options.prefetch_factor * self._engine.staying_workers

@@ -121,6 +121,21 @@ def test_the_fast_path_starts_its_thread_with_the_first_batch_and_the_generic_pa
     list(generic)
 
 
+def test_a_runner_that_fails_to_start_its_workers_leaves_no_thread_and_no_process(
+    h5: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastload._engine._engine import Engine
+
+    def fork_fails(self: Engine) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable (fork)")
+
+    monkeypatch.setattr(Engine, "start_workers", fork_fails)
+    loader = fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate())
+    with pytest.raises(BlockingIOError):
+        iter(loader)
+    assert wait_until(lambda: not _pump_threads() and not live_children())
+
+
 def test_the_sampler_runs_ahead_by_prefetch_factor_times_workers_and_no_more(h5: Path) -> None:
     plan = _CountingPlan(_plan())
     loader = fastload.DataLoader(
