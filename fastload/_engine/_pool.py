@@ -130,7 +130,11 @@ class WorkerPool:
         self._finished = ctx.RawArray("q", len(self._progress))
         self._finalizer = weakref.finalize(self, _close_ends, self._tasks, self._results)
         self._unstarted = list(range(num_workers))
-        self.start_rest(start)
+        try:
+            self.start_rest(start)
+        except BaseException:  # a fork that failed: the workers forked before it stop now
+            self.shutdown(join_s=0.1)
+            raise
 
     def start_rest(self, count: int | None = None) -> None:
         """Fork the workers not started yet (``count`` of them; ``None``: all)."""
