@@ -83,16 +83,17 @@ class Dispatcher:
         """The worker for a task due in ``due_s`` seconds (when the consumer will ask for it),
         where a batch takes a worker ``build_s`` to build and ``finished(w)`` says how many of
         the tasks sent to worker ``w`` it has finished: the lowest-numbered active worker that
-        will have built it by then, else the one with the fewest tasks left to build (the
-        lowest-numbered of those). See NOTE [tasks placed in time]; ``None`` when no worker is
-        active."""
+        will have built it by then, holding no more than one task beyond its even share of
+        ``max_tasks``, else the one with the fewest tasks left to build (the lowest-numbered of
+        those). See NOTE [tasks placed in time]; ``None`` when no worker is active."""
         best: int | None = None
         fewest = 0
+        most = self.max_tasks // self.num_workers + 1  # what one worker may have left
         for wid, book in enumerate(self._books):
             if not book.active:
                 continue
             left = book.sent - finished(wid)
-            if (left + 1) * build_s <= due_s:
+            if left < most and (left + 1) * build_s <= due_s:
                 return wid
             if best is None or left < fewest:
                 best, fewest = wid, left

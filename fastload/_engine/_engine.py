@@ -50,10 +50,12 @@ _BUILD_WEIGHT = 0.125  # weight of the newest build time in the average
 # goes to the lowest-numbered worker that will have built it by the time the consumer asks for
 # it: the tasks it has left plus this one, at the average build time, within the tasks queued
 # ahead of it at the consumer's average period per batch (``Pump`` measures it, its waits left
-# out). As few workers build as keep up, each with its next task queued (a write to a busy
-# worker wakes nobody); once the lowest ones would be late (slow builds, a fast consumer, a
-# worker stuck on a read), tasks go to the worker with the fewest left, as evenly as
-# round-robin. Until the first build time is known, that is where every task goes.
+# out), and no more than one task beyond its round-robin share (``prefetch_factor``) left, so
+# that a worker slowed by one batch holds up a few at most. As few workers build as keep up,
+# each with its next task queued (a write to a busy worker wakes nobody); once the lowest ones
+# would be late or full (slow builds, a fast consumer, a worker stuck on a read), tasks go to
+# the worker with the fewest left, as evenly as round-robin. Until the first build time is
+# known, that is where every task goes.
 _DONE = Delivery(DONE, None, None)
 
 

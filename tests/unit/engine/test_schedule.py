@@ -271,3 +271,11 @@ def test_a_respawned_worker_starts_with_nothing_sent() -> None:
         d.assign(0, task)
     assert _place(d, 2, finished, 1.0, 3.0) == 0  # 2 left on the fresh worker, room for a third
     assert _place(d, 3, finished, 1.0, 3.0) == 1
+
+
+def test_no_worker_holds_more_than_one_task_beyond_its_share_however_early_the_due() -> None:
+    # 2 workers, 4 tasks out: a share of 2 each, so at most 3 left on any one worker.
+    d, finished = _dispatcher(2, max_tasks=4), _Finished()
+    assert [_place(d, seq, finished, 0.001, 100.0) for seq in range(5)] == [0, 0, 0, 1, 1]
+    finished[0] = 1
+    assert _place(d, 5, finished, 0.001, 100.0) == 0
