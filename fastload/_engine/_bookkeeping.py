@@ -5,9 +5,9 @@ Nothing here touches a process, a queue or a clock, so every rule is tested with
 The dispatch rule reproduces torch's DataLoader exactly (a round-robin cycle over the active
 workers; with ``in_order=False``, a worker is skipped while it holds its fair share of tasks),
 because which worker builds which batch decides the per-worker random state, and so the content
-of randomly augmented batches. Where the batch does not depend on the worker that builds it
-(the fast path), :meth:`Dispatcher.pick_in_time` places a task instead by when it is due: see
-NOTE [tasks placed in time].
+of randomly augmented batches. Where no batch depends on the worker that builds it (the reader
+and the collate say so, and there is no ``worker_init_fn``), :meth:`Dispatcher.pick_in_time`
+places a task instead by when it is due: see NOTE [tasks placed in time] in ``_engine.py``.
 """
 
 from __future__ import annotations
