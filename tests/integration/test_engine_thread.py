@@ -186,12 +186,16 @@ def test_batches_are_built_before_the_consumer_asks_and_decoded_too_by_the_threa
     pump = it._runner._pump
     if driver == "threaded":
         assert wait_until(lambda: len(pump._ready) == 4), "2 workers x prefetch 2 batches should be waiting"
-    else:  # inline: the 4 tasks went out with iter(); both workers' replies wait in their pipes
+    else:  # inline: the 4 tasks went out with iter(); the replies wait in the builders' pipes
+        pool = pump._engine._pool
+        assert wait_until(lambda: pool.finished(0) + pool.finished(1) == 4)
+        # Which worker built which depends on how fast each was (NOTE [tasks placed in time]).
+        builders = sum(pool.finished(w) > 0 for w in range(2))
         _, fds = pump._engine.watch()
         poller = select.poll()
         for fd in fds:
             poller.register(fd, select.POLLIN)
-        assert wait_until(lambda: len(poller.poll(0)) == 2)
+        assert wait_until(lambda: len(poller.poll(0)) == builders)
         assert not pump._ready
     first = next(it)
     assert isinstance(first["tokens"], torch.Tensor)  # a decoded batch, not a descriptor
