@@ -33,6 +33,7 @@ from fastload._engine._messages import (
 from fastload._engine._pool import WorkerPool
 from fastload._engine._pool_protocol import Pool, PoolFactory, WorkerDied
 from fastload._engine._worker import WorkerSpec
+from fastload._engine._zygote import WorkerServer
 from fastload._types import StorageCounts
 from fastload.errors import WorkerCrashedError
 
@@ -81,6 +82,7 @@ class Engine:
         start_workers: int | None = None,  # fork this many now, the rest at start_workers()
         pool: PoolFactory | None = None,  # starts the workers; None: processes in ctx
         place_in_time: bool = False,  # NOTE [tasks placed in time]; else torch's round-robin
+        server: WorkerServer | None = None,  # forks the workers instead of this process (_zygote.py)
     ) -> None:
         self.epoch = 0
         self.respawns = 0
@@ -106,7 +108,7 @@ class Engine:
         self._place_in_time = place_in_time
         self._build_s = math.inf  # average seconds a worker takes for a batch (unknown: inf)
         start_pool: PoolFactory = pool or functools.partial(
-            WorkerPool, ctx or multiprocessing.get_context()
+            WorkerPool, ctx or multiprocessing.get_context(), server=server
         )
         self._pool: Pool = start_pool(
             num_workers,

@@ -49,6 +49,7 @@ from fastload._engine._pool_protocol import WorkerDied
 from fastload._engine._reaper import join_or_kill, reap, track
 from fastload._engine._transport import dumps_task, loads, take_frames, write_frame
 from fastload._engine._worker import WorkerSpec, worker_main
+from fastload._engine._zygote import Refused, SharedCounters, WorkerServer, counter_pair
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
@@ -90,7 +91,11 @@ class WorkerPool:
 
     ``start``: how many to fork now (default all); :meth:`start_rest` forks the others, so a
     caller can send the first worker its task before the forks of the rest (5-7 ms
-    each here, with torch loaded). Nothing may be sent to a worker not started yet."""
+    each here, with torch loaded). Nothing may be sent to a worker not started yet.
+
+    ``server``: the worker server (``_zygote.py``) forks the workers instead of this process;
+    their progress and finished counts then live in a memory file it can pass them. A spec it
+    refuses, or a server gone, and the pool forks that worker and the rest itself."""
 
     def __init__(
         self,
@@ -101,9 +106,13 @@ class WorkerPool:
         max_workers: int | None = None,
         decode: Callable[[bytes], Any] = loads,
         start: int | None = None,
+        server: WorkerServer | None = None,
     ) -> None:
         check_main_guard(ctx)  # before any worker exists (spawn/forkserver re-run the script)
         self._ctx = ctx
+        # Where given, workers are forked by the worker server, not by this process; one whose
+        # spec it refuses, or a server that died, and this pool forks them itself from then on.
+        self._server = server
         self._make_spec = make_spec
         self._decode = decode  # one result message's bytes -> the message
         self._procs: list[Any] = [None] * num_workers
@@ -124,10 +133,18 @@ class WorkerPool:
         self._closed = False
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
-        self._progress = ctx.RawArray("q", [-1] * max(num_workers, max_workers or 0))
         # finished[w]: how many tasks worker w has finished (replied to), written by the worker
         # after each reply; the main process places tasks by it without reading the replies.
-        self._finished = ctx.RawArray("q", len(self._progress))
+        slots = max(num_workers, max_workers or 0)
+        self._counters: SharedCounters | None = None
+        if server is not None:  # one memory file, which the server's workers are sent
+            self._progress, self._finished = counter_pair(slots)
+            self._counters = self._progress.counters
+            for wid in range(slots):
+                self._progress[wid] = -1
+        else:
+            self._progress = ctx.RawArray("q", [-1] * slots)
+            self._finished = ctx.RawArray("q", slots)
         self._finalizer = weakref.finalize(self, _close_ends, self._tasks, self._results)
         self._unstarted = list(range(num_workers))
         try:
@@ -152,17 +169,28 @@ class WorkerPool:
         # The worker's ends travel as Connections (it reads and writes them as such).
         task_reader = Connection(task_reader_fd, writable=False)
         writer = Connection(writer_fd, readable=False)
-        inherited = (task_writer, reader) if self._ctx.get_start_method() == "fork" else ()
-        proc = self._ctx.Process(
-            target=worker_main,
-            args=(self._make_spec(wid), task_reader, writer, self._progress, self._finished, inherited),
-            name=f"fastload-worker-{wid}",
-            daemon=True,
-        )
+        spec = self._make_spec(wid)
+        name = f"fastload-worker-{wid}"
         self._progress[wid] = -1
         self._finished[wid] = 0
-        with _frozen_for_fork(self._ctx):
-            proc.start()
+        proc: Any = None
+        if self._server is not None and self._counters is not None:
+            try:
+                proc = self._server.start(
+                    name, (spec, len(self._progress)), [task_reader_fd, writer_fd, self._counters.fd]
+                )
+            except (Refused, OSError):
+                self._server = None  # fork them here, this one and the rest
+        if proc is None:
+            inherited = (task_writer, reader) if self._ctx.get_start_method() == "fork" else ()
+            proc = self._ctx.Process(
+                target=worker_main,
+                args=(spec, task_reader, writer, self._progress, self._finished, inherited),
+                name=name,
+                daemon=True,
+            )
+            with _frozen_for_fork(self._ctx):
+                proc.start()
         track(proc)
         writer.close()  # the worker holds the only write end: its death closes the pipe
         task_reader.close()
@@ -191,16 +219,20 @@ class WorkerPool:
             return  # a worker that just died: wait() reports it and its tasks are re-dispatched
 
     def _watch(self) -> select.poll:
-        if self._poller is None:
-            self._poller = select.poll()
-            self._watched = {}
+        while (poller := self._poller) is None:
+            # Built aside and published whole, and only if no worker started or left meanwhile:
+            # a served worker's sentinel may wait for the server's word on it (the GIL
+            # released) while the consumer's thread starts the next worker.
+            generation = self.generation
+            poller, watched = select.poll(), {}
             for wid, (result_fd, proc) in enumerate(zip(self._results, self._procs, strict=True)):
                 if result_fd != _CLOSED and proc is not None:
                     for fd, kind in ((result_fd, "result"), (proc.sentinel, "death")):
-                        self._poller.register(fd, select.POLLIN)
-                        self._watched[fd] = (wid, kind)
-            self._watched_fds = list(self._watched)
-        return self._poller
+                        poller.register(fd, select.POLLIN)
+                        watched[fd] = (wid, kind)
+            if generation == self.generation:
+                self._watched, self._watched_fds, self._poller = watched, list(watched), poller
+        return poller
 
     def fds(self) -> list[int]:
         """The file descriptors :meth:`wait` watches (result pipes and process sentinels), for a
@@ -338,6 +370,8 @@ class WorkerPool:
         join_or_kill([p for wid, p in enumerate(self._procs) if p is not None and wid not in left], 0.0)
         self._procs = [None] * len(self._procs)
         self._finalizer.detach()
+        if self._counters is not None:
+            self._counters.close_fd()  # the workers hold their own; the mapping stays for reads
 
     def _goodbyes(self, deadline: float) -> set[int]:
         """The workers that closed their result pipe or exited before ``deadline``; what they

@@ -70,7 +70,10 @@ class _Reaper:
 
     def _run(self) -> None:
         while (procs := self._queue.get()) is not None:
-            join_or_kill(procs, GRACE_S)
+            try:
+                join_or_kill(procs, GRACE_S)
+            except Exception:  # one process's trouble must not leave every later one unjoined
+                continue
 
     def flush(self) -> None:
         with self._lock:

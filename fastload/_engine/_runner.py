@@ -47,6 +47,7 @@ from fastload._engine._pump import Pump, end_marker
 from fastload._engine._sizing import slot_arena
 from fastload._engine._slots import SlotCodec
 from fastload._engine._worker import WorkerSpec
+from fastload._engine._zygote import WorkerServer, worker_server
 from fastload._types import StorageCounts
 from fastload.errors import FastloadError
 
@@ -201,7 +202,12 @@ def worker_spec(options: RunnerOptions, builder: SlotBuilder | None) -> WorkerSp
 
 
 def start_engine(
-    options: RunnerOptions, specs: SpecFactory, codec: Any, start: int | None, place_in_time: bool = False
+    options: RunnerOptions,
+    specs: SpecFactory,
+    codec: Any,
+    start: int | None,
+    place_in_time: bool = False,
+    server: WorkerServer | None = None,
 ) -> Engine:
     return Engine(
         ctx=options.mp_context or multiprocessing.get_context(),
@@ -215,7 +221,17 @@ def start_engine(
         max_workers=usable_cores() if options.auto_workers else None,
         start_workers=start,
         place_in_time=place_in_time,
+        server=server,
     )
+
+
+def served_workers(options: RunnerOptions) -> WorkerServer | None:
+    """The worker server to fork this iterator's workers (``_zygote.py``), where fork would
+    be used and a batch is the same in any process (:func:`same_in_any_worker`) and the server
+    is ready; ``None``: fork here (the first call starts the server for later iterators)."""
+    if options.mp_context is not None or multiprocessing.get_context().get_start_method() != "fork":
+        return None
+    return worker_server() if same_in_any_worker(options) else None
 
 
 def same_in_any_worker(options: RunnerOptions) -> bool:
@@ -385,7 +401,14 @@ class SlotRunner(RunnerBase):
         specs = SpecFactory(worker_spec(options, builder), options.host)
         # Worker 0 is forked first and gets the first task before the others are forked, so
         # the first batch is built while they start.
-        self._engine = start_engine(options, specs, self._codec, 1, place_in_time=same_in_any_worker(options))
+        self._engine = start_engine(
+            options,
+            specs,
+            self._codec,
+            1,
+            place_in_time=same_in_any_worker(options),
+            server=served_workers(options),
+        )
         self._pump = Pump(
             self._engine, SlotSource(sampler_iter, self._codec), batch_counts, options.timeout_s
         )

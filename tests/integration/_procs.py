@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import psutil
 
+from fastload._engine import _zygote
+
 
 def alive(pid: int) -> bool:
     """Running and not a zombie; a process that exits or is reaped as we look is not alive."""
@@ -19,8 +21,22 @@ def alive(pid: int) -> bool:
 
 
 def live_children() -> list[psutil.Process]:
-    """This process's descendants that are alive (as :func:`alive` says)."""
-    return [p for p in psutil.Process().children(recursive=True) if alive(p.pid)]
+    """This process's descendants that are alive (as :func:`alive` says), less the worker
+    server and the spares it forks whenever it is idle (``fastload/_engine/_zygote.py``): they
+    live as long as this process, and come and go between any two looks. The workers it
+    serves are listed."""
+    server = _zygote.server_pid()
+    return [
+        p for p in psutil.Process().children(recursive=True)
+        if p.pid != server and alive(p.pid) and not _spare(p)
+    ]
+
+
+def _spare(process: psutil.Process) -> bool:
+    try:
+        return process.name() == _zygote.SPARE_NAME.decode()
+    except psutil.NoSuchProcess:
+        return False
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float = 5.0) -> bool:
