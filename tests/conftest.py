@@ -49,8 +49,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(params=["threaded", "inline"])
 def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with the engine thread driving throughout (started with the pump), or
-    with ``next()`` driving throughout (the thread never starts), whatever the pace."""
+    """Run the test with the engine thread driving throughout, or with ``next()`` driving
+    from the second batch on (the thread drives during the first step), whatever the pace."""
     if request.param == "threaded":
         monkeypatch.setattr(_pump, "FAST_STEP_S", -1.0)
         monkeypatch.setattr(_pump, "SLOW_STEP_S", -1.0)

@@ -11,14 +11,11 @@ Two drivers of one state machine:
   takes a finished batch off a queue: after a long step everything ``next()`` touches is cold,
   so the less it does the better.
 
-The first batch is taken inline (the workers are still being forked). From then on the pump
-follows the consumer's step (the first one measured, then an exponential average), with
-hysteresis; the thread starts the first time a step is slow, and the ``next()`` that hands
-over to it is served inline. It does not start with the first batch: ``Thread.start()`` waits
-for the new thread to run, and while the workers' first builds hold both cores of a small
-machine that is 1-3 ms in the first ``next()`` of every fresh loader, against one inline
-collect (about a millisecond) after a slow consumer's first step. A switch costs one wake-up;
-a parked thread holds no descriptor and polls nothing. (The measurements behind these choices are in
+The first batch is taken inline (the workers are still being forked); the thread starts as it
+is handed out and drives during the consumer's first step. From then on the pump follows the
+consumer's step (the first one measured, then an exponential average), with hysteresis: a fast
+consumer is back inline at its second ``next()``. A switch costs one wake-up; a parked thread
+holds no descriptor and polls nothing. (The measurements behind these choices are in
 ``benchmarks/README.md``.)
 
 Protocol. Each batch taken grants one task (torch's ``_try_put_index``), so at most
@@ -224,12 +221,23 @@ class Pump:
                 self.grant()
         if hand_over:
             self._follow_pace()
+        elif not self._started and not self._stop:
+            self._start_with_the_first_step()
         self._taken_at = _clock()
         return item
 
     def skip_grants(self, n: int) -> None:
         """The next ``n`` items grant nothing (a worker retires: fewer tasks in flight)."""
         self._skipped_grants += n
+
+    def _start_with_the_first_step(self) -> None:
+        """The first batch is out: the thread starts and drives while the consumer takes its
+        first step, so a slow consumer's second batch is waiting for it, decoded. The next
+        ``take()`` hands back to the consumer if it stepped fast."""
+        with self._park:
+            self._threaded = True
+        self._started = True
+        self._thread.start()
 
     @property
     def threaded(self) -> bool:

@@ -107,16 +107,12 @@ def _plan(size: int = 8) -> list[list[int]]:
     return [order[i : i + size].tolist() for i in range(0, N, size)]
 
 
-def test_the_fast_path_starts_its_thread_at_the_first_slow_step_and_the_generic_path_never(h5: Path) -> None:
+def test_the_fast_path_starts_its_thread_with_the_first_batch_and_the_generic_path_never(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_size=8, num_workers=2, collate_fn=_collate()))
     assert it.fast_path and it._runner._pump is not None
+    assert not _pump_threads() and not it._runner._pump.threaded  # the first batch is taken inline
     next(it)
-    # The first batch is taken inline and starts nothing: a fresh loader's first next() does
-    # not wait for a thread to be scheduled while the workers' first builds hold the cores.
-    assert not _pump_threads() and not it._runner._pump.threaded
-    time.sleep(0.005)  # a step over SLOW_STEP_S: the next() after it hands over
-    next(it)
-    assert it._runner._pump.threaded and len(_pump_threads()) == 1
+    assert it._runner._pump.threaded and len(_pump_threads()) == 1  # it drives during the first step
     _, threaded = _batches_seen(it, lambda k: 0)  # fast steps: next() takes over, the thread parks
     assert not all(threaded)
     assert wait_until(lambda: not _pump_threads())  # and stops with the epoch
@@ -306,8 +302,7 @@ def test_persistent_workers_keep_one_runner_across_epochs_and_each_epoch_is_exac
             continue
         seen = sorted(x for b in loader for x in b["lengths"].tolist())
         assert seen == everything
-        # Threaded: one, kept across epochs, never a second. Inline: none ever started.
-        assert len(_pump_threads()) == (1 if driver == "threaded" else 0)
+        assert len(_pump_threads()) == 1  # one, kept: never a second
 
 
 def _batches_seen(it: Any, pace_s: Any) -> tuple[list[list[int]], list[bool]]:
@@ -328,7 +323,7 @@ def test_a_fast_consumer_drives_the_engine_itself(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     seen, threaded = _batches_seen(it, lambda k: 0)
     assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
-    assert not threaded[0]  # the first batch is taken inline, and no step was measured yet
+    assert threaded[0]  # the thread drives during the first step, then the consumer takes over
     assert not all(threaded[20:])  # (a scheduling hiccup may switch it back for a while)
 
 
@@ -409,7 +404,7 @@ def test_a_slow_consumer_keeps_the_thread_driving(h5: Path) -> None:
     it = iter(fastload.DataLoader(fastload.HDF5Dataset(h5), batch_sampler=plan, num_workers=2, collate_fn=_collate()))
     seen, threaded = _batches_seen(it, lambda k: 0.004)
     assert seen == [fastload.HDF5Dataset(h5).lengths[b].tolist() for b in plan]
-    assert not threaded[0] and all(threaded[1:])  # from the first step on
+    assert all(threaded)
 
 
 def test_switching_drivers_back_and_forth_keeps_the_epoch_exact_and_ordered(h5: Path) -> None:

@@ -174,9 +174,8 @@ def test_a_long_step_hands_over_to_the_thread_and_fast_steps_hand_back(
         _serve(pool, k)
         assert consumer.take(_clock=lambda: now[0]) == _ok(k)
         threaded.append(consumer.pump.threaded)
-    # The thread starts at the first slow step (not with the first batch), and between the two
-    # thresholds nothing changes.
-    assert threaded == [False, False, True, True, True, True, True, True, False, False]
+    # The thread starts with the first batch, and between the two thresholds nothing changes.
+    assert threaded == [True, False, True, True, True, True, True, True, False, False]
     # Who received each batch: next() itself the one it hands over with (2), the thread those
     # after (3-7), next() again once the consumer is fast (9). Batches 1 and 8 arrive while a
     # switch is due: either may receive them.
@@ -224,7 +223,7 @@ def test_close_stops_the_thread_and_may_be_repeated(fakes: Fakes, driver: str) -
     consumer, pool, _ = _start(fakes)
     _serve(pool, 0)
     assert consumer.take() == _ok(0)
-    assert _pump_threads() or driver == "inline"  # threaded: started with the pump
+    assert _pump_threads()  # started with the first batch, in either driver
     consumer.pump.close()
     assert not _pump_threads()
     consumer.pump.close()
@@ -256,11 +255,7 @@ def test_tasks_placed_in_time_keep_to_the_workers_the_consumer_needs(
     consumer, now = _Consumer(pump), [0.0]
     for k in range(12):
         now[0] += 1.0
-        if build_s < 1.0:  # every task built as soon as it is sent
-            for wid, task in pool.unanswered():
-                pool.reply(wid, task.seq, busy_s=build_s)
-        else:  # each built just as the consumer asks for it
-            pool.reply(pool.await_task(k), k, busy_s=build_s)
+        pool.reply(pool.await_task(k), k, busy_s=build_s)
         assert consumer.take(_clock=lambda: now[0]) == _ok(k)
     assert consumer.take().kind is DONE
     if build_s < 1.0:
