@@ -318,6 +318,13 @@ def _read_exactly(fd: int, n: int, timeout_s: float) -> bytes | None:
     return data
 
 
+#: What the server's interpreter runs: the caller's ``sys.path``, then :func:`serve`.
+_BOOT = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from fastload._engine._zygote import serve; serve(int(sys.argv[2]))"
+)
+
+
 class WorkerServer:
     """The caller's side: the server process and the socket to it (see the module text)."""
 
@@ -328,8 +335,7 @@ class WorkerServer:
             sys.executable,
             *flags,  # the caller's -O, -X, -W ...
             "-c",
-            "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-            "from fastload._engine._zygote import serve; serve(int(sys.argv[2]))",
+            _BOOT,
             _json_path(),
             str(theirs.fileno()),
         ]
@@ -346,6 +352,11 @@ class WorkerServer:
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    @property
+    def was_ready(self) -> bool:
+        """Whether it ever said it was ready."""
+        return self._ready
 
     def ready(self) -> bool:
         """Whether the server has imported what it needs and takes requests (never waits)."""
@@ -485,6 +496,10 @@ def _json_path() -> str:
 _server: WorkerServer | None = None
 _server_lock = threading.Lock()
 _forgotten: list[WorkerServer] = []  # a forked child's copies of its parent's server
+#: Servers that died before they were ready; at this many the process forks its workers
+#: itself from then on, rather than start an interpreter per iterator that cannot run one.
+_MAX_EARLY_DEATHS = 3
+_early_deaths = 0
 
 
 def enabled() -> bool:
@@ -503,7 +518,7 @@ def enabled() -> bool:
 def worker_server(start: bool = True) -> WorkerServer | None:
     """The process's worker server if it is ready; else ``None`` (starting it first, in the
     background, where ``start`` and it was never started or has died)."""
-    global _server
+    global _server, _early_deaths
     if not enabled():
         return None
     server = _server
@@ -514,7 +529,11 @@ def worker_server(start: bool = True) -> WorkerServer | None:
     with _server_lock:
         if _server is None or _server.dead:
             if _server is not None:
+                _early_deaths += not _server.was_ready
                 _server.close(0.1)
+            if _early_deaths >= _MAX_EARLY_DEATHS:
+                _server = None
+                return None
             try:
                 _server = WorkerServer()
             except OSError:
@@ -530,8 +549,8 @@ def server_pid() -> int | None:
 
 
 def warm(timeout_s: float = 60.0) -> WorkerServer | None:
-    """Start the server if needed and wait until it is ready (tests and the benchmarks'
-    set-up; a loader never waits for it)."""
+    """Start the server if needed and wait until it is ready (for tests: a loader never
+    waits for it)."""
     worker_server()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -174,9 +174,10 @@ def test_a_worker_outliving_its_server_is_reported_dead_only_once_it_has_exited(
         deadline = time.monotonic() + 15
         while not events and time.monotonic() < deadline:
             events = pool.wait(0.5)
+        assert len(events) == 1, events
         ((_, died),) = events
-        assert isinstance(died, WorkerDied) and died.pid == pid
-        assert not alive(pid)  # its slot and pipes are no longer anyone's
+        assert isinstance(died, WorkerDied) and died.pid == pid, died
+        assert not alive(pid), psutil.Process(pid).status()  # its slot and pipes are no one's now
     finally:
         pool.shutdown(join_s=2.0)
 
@@ -277,3 +278,21 @@ def test_a_forked_child_does_not_share_the_parents_server(server: _zygote.Worker
     os.waitpid(pid, 0)
     assert said == b"none"
     assert _zygote.worker_server(start=False) is server  # the parent's is untouched
+
+
+def test_a_server_that_dies_before_it_is_ready_is_not_restarted_forever(monkeypatch: pytest.MonkeyPatch) -> None:
+    _zygote.shutdown()
+    monkeypatch.delenv(_zygote.ENV, raising=False)
+    monkeypatch.setattr(_zygote, "_BOOT", "import sys; sys.exit(3)")  # a broken environment
+    monkeypatch.setattr(_zygote, "_early_deaths", 0)
+    started = []
+    try:
+        for _ in range(_zygote._MAX_EARLY_DEATHS + 2):
+            assert _zygote.worker_server() is None  # never ready: the loader forks
+            pid = _zygote.server_pid()
+            if pid is not None and pid not in started:
+                started.append(pid)
+                assert wait_until(lambda: _zygote._server is not None and _zygote._server.dead)
+        assert len(started) == _zygote._MAX_EARLY_DEATHS  # then no more interpreters
+    finally:
+        _zygote.shutdown()
