@@ -149,8 +149,10 @@ def _same(a: tuple[tuple[bytes, Any, Any], Any], b: tuple[tuple[bytes, Any, Any]
         return False
 
 
-def _parent_alive(spec: WorkerSpec, ppid: int) -> bool:
-    if os.getppid() != ppid:
+def _parent_alive(spec: WorkerSpec, ppid: int | None) -> bool:
+    """Whether the main process is alive: the parent this worker started with (``ppid``; ``None``
+    for a worker the worker server started, whose parent is the server) and ``spec.main_pid``."""
+    if ppid is not None and os.getppid() != ppid:
         return False
     try:
         os.kill(spec.main_pid, 0)
@@ -168,16 +170,19 @@ def worker_main(
     progress: Any,
     finished: Any,
     parent_ends: tuple[int, ...] = (),
+    served: bool = False,
 ) -> None:
     """Entry point of a worker process (a module-level function, so spawn can import it).
     ``progress[worker_id]`` tells the main process which task this worker is building,
     ``finished[worker_id]`` how many tasks it has finished (replied to, or dropped).
     ``parent_ends``: the main process's ends of this worker's own pipes, which a forked worker
-    inherits and closes, so that the main process closing them is an end-of-file here."""
+    inherits and closes, so that the main process closing them is an end-of-file here.
+    ``served``: started by the worker server (``_zygote.py``), whose death is no reason to stop:
+    the main process's is (its pipes' end of file, or its pid gone)."""
     for fd in parent_ends:
         os.close(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C and stops us
-    ppid = os.getppid()
+    ppid = None if served else os.getppid()
     torch.set_num_threads(1)
     seed = _seed(spec)
     torch_worker._worker_info = torch_worker.WorkerInfo(

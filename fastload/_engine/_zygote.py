@@ -32,8 +32,9 @@ forks a child for it; replies with the child's pid and a pidfd for it (the calle
 readable once the worker has exited, even if the server died first; signals go through it);
 and, when it reaps the child, writes the wait status into the status pipe. Spares are forked
 only once the caller has been quiet for ``_QUIET_S``, never while a loader starts. The server
-exits when the caller's end of the socket closes (the caller exiting, however it exits); its
-spares with it, and its workers once they see their parent gone, as forked workers do.
+exits when the caller's end of the socket closes (the caller exiting, however it exits), its
+spares with it; its workers stop as forked ones do, when the caller closes their pipes or is
+gone, and not for the server's death (a worker outliving its server goes on serving).
 """
 
 from __future__ import annotations
@@ -850,6 +851,7 @@ def _run_worker(payload: bytes, task_r: int, result_w: int, counters_fd: int) ->
         progress,
         finished,
         (),
+        served=True,
     )
     return 0
 

@@ -161,7 +161,7 @@ def test_a_served_workers_death_is_seen_with_its_signal(h5: Path, server: _zygot
         pool.shutdown(join_s=2.0)
 
 
-def test_a_worker_outliving_its_server_is_reported_dead_only_once_it_has_exited(
+def test_a_worker_outliving_its_server_goes_on_and_is_reported_dead_once_it_has_exited(
     h5: Path, server: _zygote.WorkerServer
 ) -> None:
     import multiprocessing
@@ -169,7 +169,10 @@ def test_a_worker_outliving_its_server_is_reported_dead_only_once_it_has_exited(
     pool = WorkerPool(multiprocessing.get_context("fork"), 1, lambda wid: _spec(h5, wid), server=server)
     try:
         (pid,) = pool.pids
-        os.kill(server.pid, signal.SIGKILL)  # the worker leaves once it sees its parent gone
+        os.kill(server.pid, signal.SIGKILL)
+        assert wait_until(lambda: server.dead)
+        assert pool.wait(0.5) == [] and alive(pid)  # its caller is alive: it goes on
+        os.kill(pid, signal.SIGKILL)
         events: list[Any] = []
         deadline = time.monotonic() + 15
         while not events and time.monotonic() < deadline:
@@ -177,7 +180,8 @@ def test_a_worker_outliving_its_server_is_reported_dead_only_once_it_has_exited(
         assert len(events) == 1, events
         ((_, died),) = events
         assert isinstance(died, WorkerDied) and died.pid == pid, died
-        assert not alive(pid), psutil.Process(pid).status()  # its slot and pipes are no one's now
+        assert not alive(pid)  # reported once it exited: its slot and pipes are no one's now
+        assert died.exitcode == 255  # how it died, the server would have said
     finally:
         pool.shutdown(join_s=2.0)
 
