@@ -114,22 +114,24 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def _anonymous_file(size: int) -> int:
+def anonymous_file(size: int, name: str = "fastload-slots") -> int:
+    """A shared memory file of ``size`` bytes with no name anywhere (``memfd_create``; where it is
+    missing, a file in the temp dir, deleted at once); its descriptor."""
     if hasattr(os, "memfd_create"):
         try:
-            fd = os.memfd_create("fastload-slots", os.MFD_CLOEXEC)
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
         except OSError:
             pass
         else:
             os.ftruncate(fd, size)
             return fd
     warnings.warn(
-        "memfd_create is unavailable; fastload's batch slots fall back to a deleted file in "
+        "memfd_create is unavailable; fastload's shared memory falls back to a deleted file in "
         f"{tempfile.gettempdir()} (set TMPDIR to a tmpfs for speed)",
         RuntimeWarning,
         stacklevel=4,
     )
-    fd, path = tempfile.mkstemp(prefix="fastload-slots-")
+    fd, path = tempfile.mkstemp(prefix=f"{name}-")
     os.unlink(path)
     os.ftruncate(fd, size)
     return fd
@@ -158,7 +160,7 @@ class _Segment:
     def __init__(self, seg_id: int, size: int, pin: SlotDevice | None) -> None:
         self.id = seg_id
         self.size = size
-        self.fd = _anonymous_file(size)
+        self.fd = anonymous_file(size)
         try:
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError:

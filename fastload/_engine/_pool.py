@@ -49,7 +49,7 @@ from fastload._engine._pool_protocol import WorkerDied
 from fastload._engine._reaper import join_or_kill, reap, track
 from fastload._engine._transport import dumps_task, loads, take_frames, write_frame
 from fastload._engine._worker import WorkerSpec, worker_main
-from fastload._engine._zygote import Refused, SharedCounters, WorkerServer, counter_pair
+from fastload._engine._zygote import Refused, SharedCounters, WorkerServer
 
 _F_SETPIPE_SZ = 1031  # Linux: a 1 MiB result pipe lets a worker run ahead with larger results
 _PIPE_BYTES = 1 << 20
@@ -138,8 +138,8 @@ class WorkerPool:
         slots = max(num_workers, max_workers or 0)
         self._counters: SharedCounters | None = None
         if server is not None:  # one memory file, which the server's workers are sent
-            self._progress, self._finished = counter_pair(slots)
-            self._counters = self._progress.counters
+            self._counters = SharedCounters(slots)
+            self._progress, self._finished = self._counters.progress, self._counters.finished
             for wid in range(slots):
                 self._progress[wid] = -1
         else:

@@ -58,6 +58,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from fastload._engine._arena import anonymous_file
+
 ENV = "FASTLOAD_WORKER_SERVER"
 _OFF = frozenset({"0", "false", "off", "no"})
 _HEADER = struct.Struct("<8sQ")
@@ -70,31 +72,19 @@ _KNOWN = frozenset({"fastload", "torch", "numpy", "h5py", "pyarrow"})
 
 
 class SharedCounters:
-    """``n`` int64 counters in a shared memory file that a forked worker inherits and a worker
-    started by the server maps from the descriptor it is sent; indexed like a
-    ``multiprocessing.RawArray('q')`` (the pool's ``progress`` and ``finished``)."""
+    """The pool's ``progress`` and ``finished`` counters (``n`` int64 each) in one shared memory
+    file, which a forked worker inherits and a worker the server started maps from the
+    descriptor it is sent: :attr:`progress` and :attr:`finished` are views of it, indexed as a
+    ``multiprocessing.RawArray('q')`` is."""
 
     def __init__(self, n: int, fd: int | None = None) -> None:
-        if fd is None:
-            fd = _memfd("fastload-counters", 8 * max(n, 1))
-        self.fd = fd
-        self._map = mmap.mmap(fd, 8 * max(n, 1), mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._view = memoryview(self._map).cast("q")
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        value: int = self._view[i]
-        return value
-
-    def __setitem__(self, i: int, value: int) -> None:
-        self._view[i] = value
+        size = 16 * max(n, 1)
+        self.fd = anonymous_file(size, "fastload-counters") if fd is None else fd
+        view = memoryview(mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)).cast("q")
+        self.progress, self.finished = view[:n], view[n : 2 * n]
 
     def close_fd(self) -> None:
-        """Close the descriptor (no worker will be started on it again); the mapping stays
-        until this object is collected."""
+        """Close the descriptor (no worker will be started on it again); the views stay."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
             with contextlib.suppress(OSError):
@@ -102,21 +92,6 @@ class SharedCounters:
 
     def __del__(self) -> None:
         self.close_fd()
-
-    def __reduce__(self) -> Any:
-        raise TypeError("SharedCounters travel as a descriptor (the worker server), never pickled")
-
-
-def _memfd(name: str, size: int) -> int:
-    try:
-        fd = os.memfd_create(name, os.MFD_CLOEXEC)
-    except (AttributeError, OSError):
-        import tempfile
-
-        fd, path = tempfile.mkstemp(prefix=name)
-        os.unlink(path)
-    os.ftruncate(fd, size)
-    return fd
 
 
 class Refused(Exception):
@@ -247,10 +222,11 @@ class ServedWorker:
         if self._exitcode is not None or self._closed:
             return
         try:
-            if not select.select([self._pidfd], [], [], timeout)[0]:
-                return
+            exited = bool(select.select([self._pidfd], [], [], timeout)[0])
         except (OSError, ValueError):
-            pass  # closed meanwhile by a thread that joined it: the status is known, below
+            exited = True  # closed meanwhile by a thread that joined it: the status is known
+        if not exited:
+            return
         with self._joining:
             if self._exitcode is not None or self._closed:
                 return
@@ -838,7 +814,7 @@ def _run_worker(payload: bytes, task_r: int, result_w: int, counters_fd: int) ->
     name, args, inherited = pickle.loads(payload)
     _take_on(inherited)
     spec, slots = args
-    progress, finished = counter_pair(slots, fd=counters_fd)
+    counters = SharedCounters(slots, fd=counters_fd)
     import multiprocessing
 
     me = multiprocessing.current_process()
@@ -848,51 +824,22 @@ def _run_worker(payload: bytes, task_r: int, result_w: int, counters_fd: int) ->
         spec,
         Connection(task_r, writable=False),
         Connection(result_w, readable=False),
-        progress,
-        finished,
+        counters.progress,
+        counters.finished,
         (),
         served=True,
     )
     return 0
 
 
-def counter_pair(n: int, fd: int | None = None) -> tuple[CounterRange, CounterRange]:
-    """Two ranges of ``n`` counters in one :class:`SharedCounters` (the pool's ``progress``
-    and ``finished``): a new one, or the one behind ``fd``."""
-    counters = SharedCounters(2 * n, fd=fd)
-    return CounterRange(counters, 0, n), CounterRange(counters, n, n)
-
-
-class CounterRange:
-    """``n`` of a :class:`SharedCounters`' counters from ``start``."""
-
-    def __init__(self, counters: SharedCounters, start: int, n: int) -> None:
-        self._counters, self._start, self.n = counters, start, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return self._counters[self._start + i]
-
-    def __setitem__(self, i: int, value: int) -> None:
-        self._counters[self._start + i] = value
-
-    @property
-    def counters(self) -> SharedCounters:
-        return self._counters
-
-
 __all__ = [
     "ENV",
     "SPARE_NAME",
     "WORKER_NAME",
-    "CounterRange",
     "Refused",
     "ServedWorker",
     "SharedCounters",
     "WorkerServer",
-    "counter_pair",
     "enabled",
     "server_pid",
     "warm",
