@@ -18,8 +18,8 @@ for it, which fork never does: so the server takes only specs whose every class 
 fastload's, torch's, numpy's, h5py's, pyarrow's or the standard library's (never ``__main__``'s
 or a user's module's, whose state at the time of the fork the user may rely on). The worker
 takes on what a forked one would inherit from the caller as it is at that moment: environment,
-working directory, ``sys.path``, standard output and error, CPU affinity (starting on another
-core than the caller's, as fork's balancing places a child), niceness, open-files limit. A spec
+working directory, ``sys.path``, standard output and error, CPU affinity, niceness,
+open-files limit. A spec
 refused, a server that died or stopped reading: the worker is forked here, as before.
 ``FASTLOAD_WORKER_SERVER=0`` turns the server off.
 
@@ -154,7 +154,7 @@ class ServedWorker:
         self._asking = threading.Lock()  # the pump's thread and the consumer's may both ask
         self._answered = False
         self._joining = threading.Lock()  # the reaper's thread and the consumer's may both join
-        self._pid_sock: socket.socket | None = pid_sock
+        self._pid_fd = pid_sock.detach()  # a descriptor: nothing unclosed for the collector
         self._status_fd = status_fd
         self._pidfd = -1
         self._pid: int | None = None
@@ -170,9 +170,10 @@ class ServedWorker:
                 self._answered = True
 
     def _receive_pid_once(self) -> None:
-        sock, self._pid_sock = self._pid_sock, None
-        if sock is None:
+        fd, self._pid_fd = self._pid_fd, -1
+        if fd < 0:
             return  # released unasked
+        sock = socket.socket(fileno=fd)
         data: bytes = b""
         fds: list[int] = []
         try:
@@ -261,16 +262,13 @@ class ServedWorker:
 
     def _release(self, close: Callable[[int], None] = os.close) -> None:
         self._closed = True
-        if self._pid_sock is not None:
-            self._pid_sock.close()
-            self._pid_sock = None
-        for fd in (self._pidfd, self._status_fd):
+        for fd in (self._pid_fd, self._pidfd, self._status_fd):
             if fd >= 0:
                 try:  # noqa: SIM105  (from __del__ at interpreter exit: no module globals)
                     close(fd)
                 except OSError:
                     pass
-        self._pidfd = self._status_fd = -1
+        self._pid_fd = self._pidfd = self._status_fd = -1
 
     def __del__(self) -> None:
         try:  # (no module globals: at interpreter exit they may be gone already)
@@ -416,7 +414,6 @@ def _inherited() -> dict[str, Any]:
         "cwd": os.getcwd(),
         "path": list(sys.path),
         "affinity": sorted(os.sched_getaffinity(0)),
-        "cpu": _current_cpu(),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
     }
@@ -430,38 +427,15 @@ def _take_on(inherited: dict[str, Any]) -> None:
     os.environ.clear()
     os.environ.update(inherited["environ"])
     sys.path[:] = inherited["path"]
-    cores, caller = set(inherited["affinity"]), inherited["cpu"]
     steps: list[Callable[[], object]] = [
         lambda: os.chdir(inherited["cwd"]),
-        # Start on another core than the caller's, as fork's balancing starts a forked child;
-        # then any allowed core. Left where the server's fork or a spare's wake-up put it, the
-        # worker shared the consumer's core in 15-30 % of the samples of a fresh 3,000-batch
-        # loader here, and the consumer's interval per batch grew from 56-58 to 68-77 us.
-        lambda: os.sched_setaffinity(0, cores - {caller} if caller in cores and len(cores) > 1 else cores),
-        lambda: os.sched_setaffinity(0, cores),
+        lambda: os.sched_setaffinity(0, inherited["affinity"]),
         lambda: os.setpriority(os.PRIO_PROCESS, 0, inherited["nice"]),
         lambda: resource.setrlimit(resource.RLIMIT_NOFILE, inherited["nofile"]),
     ]
     for step in steps:
         with contextlib.suppress(OSError, ValueError):
             step()
-
-
-def _current_cpu() -> int:
-    """The core this thread runs on now (-1 where it cannot be told)."""
-    global _getcpu
-    try:
-        if _getcpu is None:
-            import ctypes
-
-            _getcpu = ctypes.CDLL(None).sched_getcpu
-        cpu: int = _getcpu()
-    except Exception:
-        return -1
-    return cpu
-
-
-_getcpu: Any = None
 
 
 def _json_path() -> str:
