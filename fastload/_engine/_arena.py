@@ -560,6 +560,16 @@ class WorkerSlots:
             mapped = self._maps[ref.segment] = (mm, np.frombuffer(mm, dtype=np.uint8))
         return mapped[1]
 
+    def mapped(self, segment: int) -> np.ndarray | None:
+        """Segment ``segment`` if this worker has mapped it already (see :meth:`segment`)."""
+        mapped = self._maps.get(segment)
+        return None if mapped is None else mapped[1]
+
+    @property
+    def live_from(self) -> int:
+        """The lowest segment id not retired, as the last task said."""
+        return self._live_from
+
     def retire_below(self, live_from: int) -> None:
         """The main process retired every regular segment below ``live_from``
         (:attr:`SlotArena.live_from`): unmap those, so that their memory can go once the main

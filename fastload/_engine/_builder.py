@@ -74,14 +74,39 @@ class SlotBuilder:
         epoch, seq, kind, payload, busy_s, read_s, storage = reply[:7]
         if kind != OK or not isinstance(payload, SlotBatch):
             return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
-        rows, real, padded = payload.counts or (UNKNOWN, None, None)
-        head = REPLY.pack(
-            b"R", epoch, seq, payload.nbytes, rows,
-            UNKNOWN if real is None else real, UNKNOWN if padded is None else padded,
-            busy_s, math.nan if read_s is None else read_s,
-            *(_NO_STORAGE if storage is None else storage),
-        )  # fmt: skip
-        return head + pickle.dumps((payload.arrays, payload.objects), pickle.HIGHEST_PROTOCOL)
+        return _batch_reply(epoch, seq, payload, busy_s, read_s, storage)
+
+    def direct_reply(self, data: bytes) -> bytes | None:
+        """The reply to the binary task ``data`` where it is the common case, built without a
+        message object: a one-call build into a regular slot that fits. ``None`` for anything
+        else (a pickled message, a temporary or retired slot, a batch the one-call build cannot
+        take or that does not fit, any error): the worker then handles ``data`` the general
+        way, which builds it or says what is wrong (NOTE [direct replies] in ``_worker.py``)."""
+        if data[:1] != b"T" or not self.one_call():
+            return None
+        _, epoch, seq, segment, fd, size, offset, capacity, temporary, live_from = TASK.unpack_from(data)
+        slots = self._slots
+        if temporary or segment < live_from:
+            return None
+        if live_from > slots.live_from:
+            slots.retire_below(live_from)
+        started = time.perf_counter()
+        try:
+            if self._check_mapped is not None:
+                self._check_mapped()
+            memory = slots.mapped(segment)
+            if memory is None:
+                memory = slots.segment(SlotRef(segment, fd, size, offset, capacity))
+            assert self._one_call is not None
+            built = self._one_call.build_into(data[TASK.size :], memory, offset, capacity)
+        except Exception:
+            return None
+        if not isinstance(built, Built):
+            return None
+        busy_s = time.perf_counter() - started
+        self.last_read_s = self._one_call.last_s
+        batch = SlotBatch(built.arrays, None, built.nbytes, built.counts)
+        return _batch_reply(epoch, seq, batch, busy_s, self.last_read_s, None)
 
     def one_call(self) -> bool:
         """Whether this builder's batches are one-call builds (judged once, at first asked,
@@ -143,6 +168,20 @@ class SlotBuilder:
         counts: Counts | None = prepared.counts if prepared is not None else None
         described = tuple([(n, off, shape, dt.str) for n, off, shape, dt in arrays])
         return SlotBatch(described, objects, nbytes, counts)
+
+
+def _batch_reply(
+    epoch: int, seq: int, batch: SlotBatch, busy_s: float, read_s: float | None, storage: Any
+) -> bytes:
+    """A built batch's reply in its binary form (``_slots.REPLY``, read by ``decode_reply``)."""
+    rows, real, padded = batch.counts or (UNKNOWN, None, None)
+    head = REPLY.pack(
+        b"R", epoch, seq, batch.nbytes, rows,
+        UNKNOWN if real is None else real, UNKNOWN if padded is None else padded,
+        busy_s, math.nan if read_s is None else read_s,
+        *(_NO_STORAGE if storage is None else storage),
+    )  # fmt: skip
+    return head + pickle.dumps((batch.arrays, batch.objects), pickle.HIGHEST_PROTOCOL)
 
 
 __all__ = ["SlotBuilder", "batch_reader"]

@@ -34,8 +34,17 @@ TASK = struct.Struct("<cqqqqqqq?q")
 # b"R", epoch, seq, nbytes, rows, real tokens, padded tokens (-1: unknown), busy_s, read_s
 # (NaN: unknown), the StorageCounts (waited_s NaN: none), then the pickled (arrays, objects).
 REPLY = struct.Struct("<cqqqqqqdddqqq")
+_SEQ = struct.Struct("<q")
+_SEQ_AT = struct.calcsize("<cq")  # where a task's seq lies in it
 UNKNOWN = -1
 _PICKLE = b"\x80"  # what a pickle starts with (see _transport.is_pickle)
+
+
+def task_seq(data: bytes) -> int:
+    """The sequence number of the binary task ``data``."""
+    seq: int = _SEQ.unpack_from(data, _SEQ_AT)[0]
+    return seq
+
 
 class SlotTask:
     """A fast-path task: the batch's sample indices and the slot reserved for it. Iterates and
@@ -188,4 +197,4 @@ def _np_dtype(text: str) -> np.dtype:
     return np.dtype(text)
 
 
-__all__ = ["REPLY", "TASK", "UNKNOWN", "SlotBatch", "SlotCodec", "SlotTask", "decode_reply", "index_bytes"]
+__all__ = ["REPLY", "TASK", "UNKNOWN", "SlotBatch", "SlotCodec", "SlotTask", "decode_reply", "index_bytes", "task_seq"]
