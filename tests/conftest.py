@@ -4,7 +4,12 @@ is none, and fastload's local cache (decoded Parquet copies) is a temporary dire
 user's. Also the fixtures that unit and integration tests share.
 
 The suite runs with host tuning as the environment says (``FASTLOAD_HOST_TUNING``); a test
-marked ``host_tuned`` checks its mechanism and runs with it on whatever the environment says."""
+marked ``host_tuned`` checks its mechanism and runs with it on whatever the environment says.
+
+A finished iterator's workers are not parked for the next one (``FASTLOAD_PARK_S=0``): most
+tests check what a loader leaves behind at the end of its epoch, torch's behaviour. A test
+marked ``parked_workers`` runs with parking on (NOTE [parked workers] in
+``fastload/_engine/_parking.py``), and closes what it parked."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastload._engine import _pump
+from fastload._engine import _parking, _pump
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -25,6 +30,15 @@ def _local_cache_in_a_temporary_directory(
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("FASTLOAD_CACHE", str(tmp_path_factory.mktemp("fastload-cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _parking_only_where_a_test_checks_it(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    marker = request.node.get_closest_marker("parked_workers")
+    monkeypatch.setenv(_parking.ENV, "0" if marker is None else str(marker.kwargs.get("seconds", 60)))
+    yield
+    if marker is not None:
+        _parking.close_parked()
 
 
 @pytest.fixture(autouse=True)

@@ -173,6 +173,11 @@ class PackCollate:
         self._schemas: dict[tuple[tuple[str, str, np.dtype | None, tuple[int, ...]], ...], _Schema] = {}
         self._arange = np.arange(0, dtype=np.int64)  # grown as batches need; never written
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Caches, made again where they are used: a collate pickles the same before and after
+        # use (NOTE [parked workers] compares them).
+        return {**self.__dict__, "_schemas": {}, "_arange": np.arange(0, dtype=np.int64)}
+
     @property
     def seq_len(self) -> int:
         return self._seq_len

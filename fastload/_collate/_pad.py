@@ -156,6 +156,11 @@ class PadCollate:
         # Column signature (name, kind, stored dtype per column) -> what is fixed for it.
         self._schemas: dict[tuple[tuple[str, type, np.dtype | None], ...], _Schema] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # What was decided for the columns seen is a cache, made again where it is used: a
+        # collate pickles the same before and after use (NOTE [parked workers] compares them).
+        return {**self.__dict__, "_schemas": {}}
+
     @property
     def pad_to_multiple_of(self) -> int | None:
         """The multiple padded lengths are rounded up to (``fastload._protocols.RoundingCollate``)."""

@@ -10,6 +10,8 @@ from fastload._engine._counts import batch_counts, planned_counts
 from fastload._engine._fetch import in_process_fetcher
 from fastload._engine._host import HostPolicy
 from fastload._engine._messages import DONE, FAILED, OK, Delivery, Kind
+from fastload._engine._parking import ParkingKey, park, park_seconds, parking_key
+from fastload._engine._parking import take as take_parked
 from fastload._engine._runner import (
     Runner,
     RunnerOptions,
@@ -25,6 +27,7 @@ __all__ = [
     "Delivery",
     "HostPolicy",
     "Kind",
+    "ParkingKey",
     "Runner",
     "RunnerOptions",
     "available_memory_bytes",
@@ -32,6 +35,10 @@ __all__ = [
     "fast_path_collate",
     "fresh_process_context",
     "in_process_fetcher",
+    "park",
+    "park_seconds",
+    "parking_key",
     "planned_counts",
     "start_runner",
+    "take_parked",
 ]

@@ -130,10 +130,10 @@ class Engine:
     def pending(self) -> int:
         return self._reorder.pending
 
-    def new_epoch(self, shared_seed: int | None = None) -> None:
+    def new_epoch(self, shared_seed: int | None = None, base_seed: int | None = None) -> None:
         """Start over with the same workers (``persistent_workers``). Tasks of the old epoch still
         in flight are remembered: their results arrive tagged with the old epoch and are dropped
-        then, once their worker is done writing. ``shared_seed``: see ``Resume``."""
+        then, once their worker is done writing. ``shared_seed``, ``base_seed``: see ``Resume``."""
         for kind, task, _ in self._reorder.drain():
             if kind is OK:
                 self._codec.drop(task.index)
@@ -144,7 +144,26 @@ class Engine:
         self._reorder = ReorderBuffer(in_order=self._reorder.in_order)
         self._next_seq = 0
         for wid in range(self._dispatch.num_workers):
-            self._pool.send(wid, Resume(self.epoch, shared_seed))
+            self._pool.send(wid, Resume(self.epoch, shared_seed, base_seed))
+
+    def restart_figures(self) -> None:
+        """Count busy time, reads, respawns and retries from now on (a parked engine taken by
+        another iterator: its figures are that iterator's)."""
+        self.started = time.monotonic()
+        self.busy_s = [0.0] * len(self.busy_s)
+        self.read_s = [0.0] * len(self.read_s)
+        self.busy_total_s = 0.0
+        self.storage = None
+        self.respawns = self.retries = 0
+
+    @property
+    def served(self) -> bool:
+        """Whether every worker was started by the worker server (none forked here)."""
+        return self._pool.served
+
+    def all_alive(self) -> bool:
+        """Whether every worker is running (none died, none left)."""
+        return self._pool.all_alive()
 
     def dispatch_from(self, worker_id: int) -> None:
         """The next task goes to ``worker_id``, the round-robin continuing from it (a resumed

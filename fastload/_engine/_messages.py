@@ -77,10 +77,13 @@ class Delivery(NamedTuple):
 class Resume:
     """Start epoch ``epoch``: re-create the fetcher (an iterable dataset starts over), a
     DataPipe graph seeded first with ``shared_seed`` where one is given (as torch's workers
-    seed theirs: every worker the same, so that its shard of a shuffled pipe is its own)."""
+    seed theirs: every worker the same, so that its shard of a shuffled pipe is its own).
+    ``base_seed``: seed every random generator again from it, as a worker started with it
+    would be (a parked worker taken by another iterator: NOTE [parked workers])."""
 
     epoch: int
     shared_seed: int | None = None
+    base_seed: int | None = None
 
 
 @dataclass

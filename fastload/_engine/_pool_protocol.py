@@ -54,6 +54,15 @@ class Pool(Protocol):
     generation: int
 
     @property
+    def served(self) -> bool:
+        """Whether the worker server started every worker (none was forked by the caller)."""
+        ...
+
+    def all_alive(self) -> bool:
+        """Whether every worker is started, its pipes open and its process running."""
+        ...
+
+    @property
     def pids(self) -> list[int]:
         """The process ids of the live workers, in worker order."""
 

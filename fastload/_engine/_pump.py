@@ -280,11 +280,11 @@ class Pump:
                 if ready:
                     return ready.popleft()
 
-    def new_epoch(self, source: IndexSource) -> None:
+    def new_epoch(self, source: IndexSource, base_seed: int | None = None) -> None:
         """Start over on the same workers with a new index source; batches of the old epoch not
-        yet taken are dropped."""
+        yet taken are dropped. ``base_seed``: the workers' new one (see ``Resume``)."""
         with self.lock:
-            self._engine.new_epoch()
+            self._engine.new_epoch(base_seed=base_seed)
             with self._cond:
                 self._ready.clear()
                 self._ended = False

@@ -443,6 +443,23 @@ class SlotRunner(RunnerBase):
         self._pump.new_epoch(SlotSource(sampler_iter, self._codec))
         self._prime()
 
+    @property
+    def parkable(self) -> bool:
+        """Whether this runner may wait for another iterator (NOTE [parked workers] in
+        ``_parking.py``): open, and every worker one the server started, running."""
+        if self._final is not None:
+            return False
+        with self._pump.lock:
+            return self._engine.served and self._engine.all_alive()
+
+    def restart(self, sampler_iter: Iterator[Any], base_seed: int) -> None:
+        """Serve a new iterator: a new epoch from ``sampler_iter``, the workers seeded again
+        from ``base_seed`` and the figures counted from now (a parked runner taken)."""
+        with self._pump.lock:
+            self._engine.restart_figures()
+        self._pump.new_epoch(SlotSource(sampler_iter, self._codec), base_seed=base_seed)
+        self._prime()
+
     def add_worker(self) -> None:
         with self._pump.lock:
             self._engine.add_worker()

@@ -241,6 +241,11 @@ def worker_main(
                 return
             if isinstance(msg, Resume):
                 exhausted = False
+                if msg.base_seed is not None:  # another iterator's: NOTE [parked workers]
+                    spec = dataclasses.replace(spec, base_seed=msg.base_seed)
+                    torch_worker._worker_info = torch_worker.WorkerInfo(
+                        id=spec.worker_id, num_workers=spec.num_workers, seed=_seed(spec), dataset=spec.dataset
+                    )
                 if msg.shared_seed is not None and isinstance(spec.dataset, IterDataPipe):
                     shared = torch.Generator()
                     shared.manual_seed(msg.shared_seed)

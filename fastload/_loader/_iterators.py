@@ -33,14 +33,19 @@ from fastload._engine import (
     OK,
     HostPolicy,
     Kind,
+    ParkingKey,
     Runner,
     RunnerOptions,
     available_memory_bytes,
     batch_counts,
     fast_path_collate,
     in_process_fetcher,
+    park,
+    park_seconds,
+    parking_key,
     planned_counts,
     start_runner,
+    take_parked,
 )
 from fastload._loader._datapipes import (
     SharedSeed,
@@ -402,6 +407,8 @@ class WorkerIterator(_BaseIterator):
     """Worker processes build the batches, through the runner ``fastload._engine`` makes."""
 
     _runner: Runner | None = None  # also for __del__ of an iterator whose __init__ raised
+    _park_key: ParkingKey | None = None  # where its runner may wait for the next iterator
+    _park_s = 0.0
 
     def __init__(self, loader: IteratedLoader) -> None:
         super().__init__(loader)
@@ -443,10 +450,22 @@ class WorkerIterator(_BaseIterator):
             resume_rng=None if resume is None else resume[2],
             first_worker=0 if resume is None else resume[1],
         )
-        self._runner = start_runner(self._runner_options, self._sampler_iter)
+        self._runner = self._parked_or_new_runner()
         if self._datapipe_seed is not None:
             # torch's iterator draws one more seed here (its first reset), unused by the workers.
             self._dataset = self._datapipe_seed.apply(self._dataset, loader.generator)
+
+    def _parked_or_new_runner(self) -> Runner:
+        """A runner parked by an earlier iterator that would be this one's (NOTE [parked
+        workers] in ``_engine/_parking.py``), restarted for this epoch; else a new one."""
+        self._park_s = 0.0 if self._persistent or self._device is not None else park_seconds()
+        if self._park_s > 0:
+            self._park_key = parking_key(self._runner_options)
+        parked = take_parked(self._park_key) if self._park_key is not None else None
+        if parked is None:
+            return start_runner(self._runner_options, self._sampler_iter)
+        parked.restart(self._sampler_iter, self._base_seed)
+        return parked
 
     def _next_host(self) -> tuple[Any, Counts]:
         runner = self._runner
@@ -545,10 +564,13 @@ class WorkerIterator(_BaseIterator):
             return
         if self._on_device is not None:
             self._on_device.close()  # copies still reading a slot finish before the slots go
-        runner.close(join_s)
+        self._last_fields = runner.fields()
+        key = self._park_key
+        if key is None or not getattr(runner, "parkable", False) or not park(key, runner, self._park_s):
+            runner.close(join_s)
+            self._last_fields = runner.fields()
         if self._shards.remote:
             self._shards.feed(runner.storage, runner.busy_s)
-        self._last_fields = runner.fields()
         self._report_final(dict(self._last_fields), self._num_workers)
 
 

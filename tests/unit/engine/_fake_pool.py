@@ -133,6 +133,12 @@ class FakePool:
         self.start_rest(start)
 
     # -- the Pool protocol (called by the engine) ---------------------------------------------
+    served = False  # threads, not processes the worker server started
+
+    def all_alive(self) -> bool:
+        with self._lock:
+            return all(w is not None and w.live for w in self.workers)
+
     @property
     def pids(self) -> list[int]:
         with self._lock:
