@@ -36,6 +36,7 @@ import atexit
 import contextlib
 import os
 import pickle
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -135,13 +136,21 @@ class _Lot:
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._closed = False  # at exit: nothing is parked from then on
 
     def park(self, key: ParkingKey, runner: Any, seconds: float) -> bool:
         """Keep ``runner`` for ``seconds``; ``False`` (the caller closes it) where it cannot be."""
-        if seconds <= 0 or os.getpid() != self._pid:
+        if seconds <= 0 or os.getpid() != self._pid or sys.is_finalizing():
             return False
         closing: list[Any] = []
         with self._lock:
+            if self._closed:
+                return False
+            if self._thread is None:
+                try:
+                    self._thread = start_own_thread(self._run, "fastload-parked")
+                except RuntimeError:  # the interpreter is shutting down: no thread starts
+                    return False
             same = [p for p in self._parked if p.key == key]
             keep = [p for p in self._parked if p.key != key]
             keep.append(_Parked(key, runner, time.monotonic() + seconds))
@@ -149,8 +158,6 @@ class _Lot:
                 closing.append(keep.pop(0).runner)
             closing += [p.runner for p in same]
             self._parked = keep
-            if self._thread is None:
-                self._thread = start_own_thread(self._run, "fastload-parked")
             self._wake.notify()
         _close(closing)
         return True
@@ -173,8 +180,9 @@ class _Lot:
         _close(closing)
         return found
 
-    def close_all(self) -> None:
+    def close_all(self, at_exit: bool = False) -> None:
         with self._lock:
+            self._closed = self._closed or at_exit
             closing, self._parked = [p.runner for p in self._parked], []
             self._wake.notify()
         _close(closing)
@@ -186,6 +194,7 @@ class _Lot:
         self._parked = []
         self._thread = None
         self._pid = os.getpid()
+        self._closed = False
 
     @property
     def count(self) -> int:
@@ -212,7 +221,7 @@ def _close(runners: list[Any]) -> None:
 
 
 _lot = _Lot()
-atexit.register(_lot.close_all)
+atexit.register(_lot.close_all, at_exit=True)
 os.register_at_fork(after_in_child=_lot.forget_in_child)
 
 

@@ -135,21 +135,15 @@ def test_what_could_differ_is_not_taken(tmp_path: Path, change: str) -> None:
     assert _parking.parked() == 2
 
 
-def test_parked_workers_leave_when_their_time_is_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_parking.ENV, "0.3")
+@pytest.mark.parametrize("seconds", ["0.3", "0"])
+def test_parked_workers_leave_when_their_time_is_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: str) -> None:
+    """``0``: not parked at all, they leave with the epoch, as torch's."""
+    monkeypatch.setenv(_parking.ENV, seconds)
     path, plan = _file(tmp_path / "d.h5"), _plan()
     pids, _ = _epoch(_loader(path, plan))
-    assert _parking.parked() == 1
-    assert wait_until(lambda: not any(alive(p) for p in pids), 30), "parked workers outlived their time"
+    assert _parking.parked() == (seconds != "0")
+    assert wait_until(lambda: not any(alive(p) for p in pids), 30), "workers outlived their time"
     assert _parking.parked() == 0
-
-
-def test_with_parking_off_the_workers_leave_with_the_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(_parking.ENV, "0")
-    path, plan = _file(tmp_path / "d.h5"), _plan()
-    pids, _ = _epoch(_loader(path, plan))
-    assert _parking.parked() == 0
-    assert wait_until(lambda: not any(alive(p) for p in pids), 30)
 
 
 def test_a_parked_worker_that_died_is_not_taken(tmp_path: Path) -> None:
