@@ -156,11 +156,6 @@ class Engine:
         self.storage = None
         self.respawns = self.retries = 0
 
-    @property
-    def served(self) -> bool:
-        """Whether every worker was started by the worker server (none forked here)."""
-        return self._pool.served
-
     def all_alive(self) -> bool:
         """Whether every worker is running (none died, none left)."""
         return self._pool.all_alive()

@@ -16,9 +16,12 @@ and memory maps, the slots. An ``iter()`` of any loader whose runner would be th
 else the parked runner is closed when its time is up, at interpreter exit, or when another is
 parked under the same key. "The same" is decided from the options, never from a guess:
 
-* the fast path with workers the worker server started (none forked by the caller), no
-  ``worker_init_fn``, reads and a collate that declare themselves the same in any process, no
-  pinned or device slots, no growing pool, no resumed state (:func:`parking_key`);
+* the fast path with every worker running, no ``worker_init_fn``, reads and a collate that
+  declare themselves the same in any process, no pinned or device slots, no growing pool, no
+  resumed state (:func:`parking_key`, ``SlotRunner.parkable``). Workers the caller forked
+  (before the worker server was ready, or without it) are kept as well as the server's: as
+  with ``persistent_workers``, a forked one keeps its copy-on-write view of the caller for
+  those seconds too;
 * the same dataset and collate, byte for byte as they pickle, with every other option the
   workers or the slots depend on, the same working directory and ``FASTLOAD_*`` variables
   (a worker took the caller's as they were when it started);

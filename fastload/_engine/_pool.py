@@ -204,12 +204,6 @@ class WorkerPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs if p is not None]
 
-    @property
-    def served(self) -> bool:
-        """Whether the worker server started every worker (it forks them itself once it fell
-        back: NOTE [parked workers] in ``_parking.py`` keeps only served ones)."""
-        return self._server is not None and not self._unstarted
-
     def all_alive(self) -> bool:
         """Whether every worker is started, its pipes open and its process running."""
         if self._closed or self._unstarted:

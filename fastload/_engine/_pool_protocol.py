@@ -53,11 +53,6 @@ class Pool(Protocol):
     #: was made at.
     generation: int
 
-    @property
-    def served(self) -> bool:
-        """Whether the worker server started every worker (none was forked by the caller)."""
-        ...
-
     def all_alive(self) -> bool:
         """Whether every worker is started, its pipes open and its process running."""
         ...

@@ -446,11 +446,11 @@ class SlotRunner(RunnerBase):
     @property
     def parkable(self) -> bool:
         """Whether this runner may wait for another iterator (NOTE [parked workers] in
-        ``_parking.py``): open, and every worker one the server started, running."""
+        ``_parking.py``): open, and every worker running."""
         if self._final is not None:
             return False
         with self._pump.lock:
-            return self._engine.served and self._engine.all_alive()
+            return self._engine.all_alive()
 
     def restart(self, sampler_iter: Iterator[Any], base_seed: int) -> None:
         """Serve a new iterator: a new epoch from ``sampler_iter``, the workers seeded again

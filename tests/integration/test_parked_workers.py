@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from _procs import alive, wait_until
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.parked_workers
 
 @pytest.fixture(autouse=True)
 def _served() -> None:
-    """Workers come from the worker server (only those are parked)."""
+    """Workers come from the worker server, unless a test turns it off."""
     if _zygote.warm() is None:
         pytest.skip("no worker server on this platform")
 
@@ -155,6 +156,16 @@ def test_a_parked_worker_that_died_is_not_taken(tmp_path: Path) -> None:
     assert not set(second) & set(first)
     _check(path, plan, batches)
     assert wait_until(lambda: not alive(first[0]), 30), "the survivor of a dead pair was not closed"
+
+
+def test_workers_the_caller_forked_are_parked_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_zygote.ENV, "0")  # no worker server: the caller forks them
+    path, plan = _file(tmp_path / "d.h5"), _plan()
+    first, _ = _epoch(_loader(path, plan))
+    assert all(p in {c.pid for c in psutil.Process().children()} for p in first)
+    second, batches = _epoch(_loader(path, plan))
+    assert second == first
+    _check(path, plan, batches)
 
 
 def test_persistent_and_other_loaders_keep_their_own(tmp_path: Path) -> None:

@@ -133,8 +133,6 @@ class FakePool:
         self.start_rest(start)
 
     # -- the Pool protocol (called by the engine) ---------------------------------------------
-    served = False  # threads, not processes the worker server started
-
     def all_alive(self) -> bool:
         with self._lock:
             return all(w is not None and w.live for w in self.workers)
