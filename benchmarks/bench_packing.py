@@ -307,8 +307,18 @@ def consume(loader: Iterable[Any]) -> Epoch:
 
 
 def test_loader_tokens_per_second_packed_against_padded(
-    corpus: Corpus, size: Size, bench_size: str, benchmark: Any, capsys: pytest.CaptureFixture[str]
+    corpus: Corpus,
+    size: Size,
+    bench_size: str,
+    benchmark: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The CPU per token counts the workers only once this process has reaped them: each
+    # round's workers are forked here and leave with their loader (not the worker server's
+    # children, not parked for the next loader).
+    monkeypatch.setenv("FASTLOAD_WORKER_SERVER", "0")
+    monkeypatch.setenv("FASTLOAD_PARK_S", "0")
     makers = {
         "length-grouped padding, max_tokens=16384 (baseline)": grouped_loader,
         f"packed, pack_length={SEQ_LEN}, batch_size={ROWS}": packed_loader,

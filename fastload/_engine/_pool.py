@@ -134,7 +134,8 @@ class WorkerPool:
         # progress[w] is the task worker w is building (-1 between tasks): written by the worker
         # in shared memory, read when it dies, so only the batch it died on is blamed.
         # finished[w]: how many tasks worker w has finished (replied to), written by the worker
-        # after each reply; the main process places tasks by it without reading the replies.
+        # just before each reply, so that a reply received is counted; the main process places
+        # tasks by it without reading the replies.
         slots = max(num_workers, max_workers or 0)
         self._counters: SharedCounters | None = None
         if server is not None:  # one memory file, which the server's workers are sent

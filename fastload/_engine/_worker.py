@@ -176,7 +176,8 @@ def worker_main(
 ) -> None:
     """Entry point of a worker process (a module-level function, so spawn can import it).
     ``progress[worker_id]`` tells the main process which task this worker is building,
-    ``finished[worker_id]`` how many tasks it has finished (replied to, or dropped).
+    ``finished[worker_id]`` how many tasks it has finished (replied to, or dropped), counted
+    just before the reply is written.
     ``parent_ends``: the main process's ends of this worker's own pipes, which a forked worker
     inherits and closes, so that the main process closing them is an end-of-file here.
     ``served``: started by the worker server (``_zygote.py``), whose death is no reason to stop:
@@ -228,9 +229,9 @@ def worker_main(
                     progress[wid] = task_seq(msg)
                     data = builder.direct_reply(msg)
                     if data is not None:
+                        finished[wid] += 1  # counted before the reply can arrive
                         write_frame(results_fd, data)
                         progress[wid] = -1
-                        finished[wid] += 1
                         continue
                 msg = builder.task_message(msg)  # the general way: it builds, or says why not
             if msg is _NOTHING:
@@ -276,9 +277,10 @@ def worker_main(
             except Exception as exc:  # an unpicklable batch fails that batch, not the worker
                 data = dumps(Reply(task_epoch, seq, FAILED, _failure(exc, spec, index), 0.0, None))
             del reply
+            # Counted before the reply can arrive: whoever holds a reply sees it in the count.
+            finished[spec.worker_id] += 1
             write_frame(results_fd, data)  # Connection's framing, without its per-call checks
             progress[spec.worker_id] = -1
-            finished[spec.worker_id] += 1
             del data
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return  # the main process is gone or closed our pipe
