@@ -169,19 +169,15 @@ class _Lot:
         """A parked runner under ``key`` whose workers are all alive, or ``None``."""
         if os.getpid() != self._pid:
             return None
-        closing: list[Any] = []
-        found = None
         with self._lock:
-            for parked in self._parked:
-                if parked.key == key:
-                    self._parked.remove(parked)
-                    if parked.runner.parkable:
-                        found = parked.runner
-                    else:
-                        closing.append(parked.runner)
-                    break
-        _close(closing)
-        return found
+            found = next((p for p in self._parked if p.key == key), None)
+            if found is None:
+                return None
+            self._parked.remove(found)
+        if found.runner.parkable:  # not under the lot's lock: it asks the workers
+            return found.runner
+        _close([found.runner])
+        return None
 
     def close_all(self, at_exit: bool = False) -> None:
         with self._lock:

@@ -363,10 +363,11 @@ def _direct(builder: Any) -> Callable[[bytes], Any] | None:
     """NOTE [direct replies] — The fast path's common task, a binary task whose batch a
     one-call build writes into a regular slot, is built and answered straight from its bytes
     (``SlotBuilder.direct_reply``): no task, reply or descriptor objects on the way, and none
-    of the per-message steps that cannot apply to it: a worker's CPU per batch, the build
-    included, went from 73.6 to 63.5 µs here (benchmarks/README.md, "Direct replies"). The inbox then hands such a task over as its bytes and decodes every other
-    message; a task the direct build declines goes the general way, which builds it or says
-    what is wrong, so the two cannot differ in what they deliver or how they fail. Only where
+    of the per-message steps that cannot apply to it. The workers' CPU per batch, the build
+    included, went from 54.1 to 46.5 µs here, 2 workers (benchmarks/README.md, "Direct
+    replies"). The inbox hands such a task over as its bytes and decodes every other message;
+    a task the direct build declines goes the general way, which builds it or says what is
+    wrong, so the two cannot differ in what they deliver or how they fail. Only where
     the worker sends nothing else per batch: no random-state snapshots, no storage counts, no
     read-ahead hints (those read the decoded queue). Returns the inbox's decoder, or ``None``
     where direct replies do not apply."""
