@@ -4,7 +4,9 @@ What it isolates: the loader alone — reading, padding and moving batches of 64
 token sequences (int64 output, padded to the batch maximum) from one HDF5 file to the consumer,
 with ``num_workers=2`` on this 2-core machine. Every figure is a median over rounds run in this
 one process, reported as a ratio against a baseline measured alongside it; every loader's
-output is checked against the in-RAM reference.
+output is checked against the in-RAM reference. Each round makes a new fastload loader, as it
+makes new torch ones; its workers are the ones the round before parked (NOTE [parked workers]
+in ``fastload/_engine/_parking.py``), except in the first round or two of the process.
 
 Reproduce: ``.venv/bin/python -m pytest benchmarks/bench_engine.py -s --size full``
 (``--size smoke``, the default, is what the test suite runs so the benchmark never rots).
