@@ -153,9 +153,11 @@ def test_a_parked_worker_that_died_is_not_taken(tmp_path: Path) -> None:
     os.kill(first[1], signal.SIGKILL)
     assert wait_until(lambda: not alive(first[1]), 30)
     second, batches = _epoch(_loader(path, plan))
-    assert not set(second) & set(first)
+    assert first[1] not in second
     _check(path, plan, batches)
-    assert wait_until(lambda: not alive(first[0]), 30), "the survivor of a dead pair was not closed"
+    if first[0] not in second:  # closed with its runner (unless the runner's thread, polling
+        # while parked, saw the death first and replaced the worker: then it was taken whole)
+        assert wait_until(lambda: not alive(first[0]), 30), "the survivor of a dead pair was not closed"
 
 
 def test_workers_the_caller_forked_are_parked_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
