@@ -108,6 +108,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       ``FASTLOAD_HOST_TUNING`` decides (``0`` turns it off), else on. The batches are the same
       either way.
 
+    Without ``persistent_workers``, the fast path's workers of a finished epoch wait up to 15 s
+    (``FASTLOAD_PARK_S``; ``0``: they stop with the epoch, as torch's) for the next ``iter()``
+    over the same dataset, collate and options, of this loader or another, which then starts
+    at once (the README's "Workers kept for the next iterator").
+
     Every option is checked here: a bad value raises at construction, naming the option.
 
     ``loader.stats()`` answers "is my GPU waiting on data?" (see :class:`~fastload.LoaderStats`);
