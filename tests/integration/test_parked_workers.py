@@ -180,6 +180,34 @@ def test_persistent_and_other_loaders_keep_their_own(tmp_path: Path) -> None:
     assert _epoch(persistent)[0] == mine
 
 
+def test_break_state_dict_and_resume_with_parking_on(tmp_path: Path) -> None:
+    """The loop as users write it: ``break``, ``state_dict()``, a new loader resumes; the epoch
+    is exact whoever's workers build it (a resumed iterator starts its own)."""
+    path = _file(tmp_path / "d.h5")
+
+    def shuffled() -> fastload.DataLoader:
+        return fastload.DataLoader(
+            fastload.HDF5Dataset(path, fields=["tokens"]), batch_size=16, shuffle=True,
+            generator=torch.Generator().manual_seed(7), num_workers=2,
+            collate_fn=fastload.PadCollate(dtype=torch.int64, mask_dtype=torch.bool),
+        )  # fmt: skip
+
+    whole = [b["tokens"].clone() for b in shuffled()]
+    loader = shuffled()
+    got = []
+    for i, batch in enumerate(loader):
+        got.append(batch["tokens"].clone())
+        if i == 4:
+            break
+    state = loader.state_dict()
+    resumed = shuffled()
+    resumed.load_state_dict(state)
+    got += [b["tokens"].clone() for b in resumed]
+    assert len(got) == len(whole)
+    assert all(torch.equal(a, b) for a, b in zip(got, whole, strict=True))
+    assert len([b for b in resumed]) == len(whole)  # its next epoch, whole
+
+
 def _parked_in_a_child(queue: Any) -> None:
     queue.put(_parking.parked())
 
