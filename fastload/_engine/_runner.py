@@ -154,6 +154,14 @@ class Runner(Protocol):
 
     def fields(self) -> dict[str, Any]: ...
 
+    @property
+    def parkable(self) -> bool:
+        """Whether it may wait for another iterator (NOTE [parked workers] in ``_parking.py``)."""
+        ...
+
+    def restart(self, sampler_iter: Iterator[Any], base_seed: int) -> None:
+        """Serve another iterator (a parked runner taken)."""
+
     def close(self, join_s: float = 2.0) -> None: ...
 
 
@@ -277,6 +285,13 @@ class RunnerBase:
     @property
     def worker_pids(self) -> list[int]:
         return [] if self._final is not None else self._engine.worker_pids
+
+    @property
+    def parkable(self) -> bool:
+        return False  # only the slot runner's workers are parked
+
+    def restart(self, sampler_iter: Iterator[Any], base_seed: int) -> None:
+        raise RuntimeError(f"a {type(self).__name__} is never parked, so never restarted")
 
     @property
     def num_workers(self) -> int:

@@ -566,7 +566,7 @@ class WorkerIterator(_BaseIterator):
             self._on_device.close()  # copies still reading a slot finish before the slots go
         self._last_fields = runner.fields()
         key = self._park_key
-        if key is None or not getattr(runner, "parkable", False) or not park(key, runner, self._park_s):
+        if key is None or not runner.parkable or not park(key, runner, self._park_s):
             runner.close(join_s)
             self._last_fields = runner.fields()
         if self._shards.remote:
