@@ -30,23 +30,36 @@ def h5(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_token_file(tmp_path_factory.mktemp("stall") / "tokens.h5", 20_000, 256)
 
 
-def _caller_waits(loader: Any, batches: int, step_s: float) -> tuple[list[float], Any]:
+def _run_queue_s() -> float:
+    """Seconds this thread has spent runnable but not running (preempted), from the kernel's
+    schedstat; 0 where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _caller_waits(loader: Any, batches: int, step_s: float) -> tuple[list[float], Any, float]:
     """Seconds the caller spent in each ``next()`` call of the steady batches (all but the
-    first, which the meter reports as start-up), and the epoch's stats taken before the epoch
-    ends."""
+    first, which the meter reports as start-up), the epoch's stats taken before the epoch
+    ends, and the seconds the caller was preempted during those calls."""
     it = iter(loader)
     waits = []
+    preempted = 0.0
     for i in range(batches):
+        queued = _run_queue_s()
         started = time.perf_counter()
         batch = next(it)
         if i:
             waits.append(time.perf_counter() - started)
+            preempted += _run_queue_s() - queued
         del batch
         if step_s:
             time.sleep(step_s)
     stats = loader.stats("epoch")
     del it
-    return waits, stats
+    return waits, stats, preempted
 
 
 def _loader(mode: str, h5: Path) -> tuple[Any, int, float]:
@@ -79,22 +92,31 @@ def test_the_meter_agrees_with_a_timer_around_each_next_call(mode: str, h5: Path
     if mode == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device; none on this machine")
     loader, batches, step_s = _loader(mode, h5)
-    waits, stats = _caller_waits(loader, batches, step_s)
+    waits, stats, preempted = _caller_waits(loader, batches, step_s)
     assert stats.steady_batches == len(waits)
     # The typical batch: the meter's median wait (its histogram's, within 2.5 %) against the
-    # caller's. A preemption of the test between its timer and next() would move the totals
-    # below by a millisecond; the medians hold still.
+    # caller's. The medians hold still when the test is preempted between its timer and the
+    # meter's (the suite runs with both cores busy).
     caller = statistics.median(waits)
     meter = stats.p50_wait_ms / 1e3
     assert abs(meter - caller) <= max(TOLERANCE * caller, FLOOR_S), (
         f"{mode}: the meter's median wait is {meter * 1e6:.1f} µs, the caller's clock says "
         f"{caller * 1e6:.1f} µs"
     )
-    # And over the whole run: the stall fraction the meter reports against the caller's.
+    # And over the whole run: the stall fraction the meter reports against the caller's. The
+    # meter's clock runs inside the caller's, so it can never report more; it may report less
+    # by the time the caller was preempted outside the meter's clock (the kernel counts it: CI
+    # once saw 4.5 ms of it in 79 batches), and no more than that.
     caller_total, steady = sum(waits), len(waits)
-    assert abs(stats.wait_s - caller_total) / steady <= max(
-        TOLERANCE * caller_total / steady, 2 * FLOOR_S
-    ), f"{mode}: the meter waited {stats.wait_s:.6f} s in all, the caller {caller_total:.6f} s"
+    assert stats.wait_s <= caller_total, (
+        f"{mode}: the meter waited {stats.wait_s:.6f} s in all, longer than the caller's "
+        f"{caller_total:.6f} s around the same calls"
+    )
+    slack = max(TOLERANCE * caller_total, 2 * FLOOR_S * steady) + preempted
+    assert caller_total - stats.wait_s <= slack, (
+        f"{mode}: the meter waited {stats.wait_s:.6f} s in all, the caller {caller_total:.6f} s "
+        f"(of which {preempted:.6f} s preempted)"
+    )
 
 
 class _SlowHandler(logging.Handler):
@@ -116,7 +138,7 @@ def test_the_loaders_own_work_inside_next_counts_as_waiting(h5: Path) -> None:
         loader = fastload.DataLoader(
             fastload.HDF5Dataset(h5), batch_size=32, num_workers=2, log_every_s=1e-9
         )
-        waits, stats = _caller_waits(loader, 30, 0.002)
+        waits, stats, _ = _caller_waits(loader, 30, 0.002)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
