@@ -16,9 +16,11 @@ and memory maps, the slots. An ``iter()`` of any loader whose runner would be th
 else the parked runner is closed when its time is up, at interpreter exit, or when another is
 parked under the same key. "The same" is decided from the options, never from a guess:
 
-* the fast path with every worker running, no ``worker_init_fn``, reads and a collate that
-  declare themselves the same in any process, no pinned or device slots, no growing pool, no
-  resumed state (:func:`parking_key`, ``SlotRunner.parkable``). Workers the caller forked
+* the fast path with every worker running, no ``worker_init_fn``, no process context other
+  than one of :mod:`multiprocessing`'s own (a remote dataset's workers come from its
+  forkserver), reads and a collate that declare themselves the same in any process, no pinned
+  or device slots, no growing pool, no resumed state (:func:`parking_key`,
+  ``SlotRunner.parkable``). Workers the caller forked
   (before the worker server was ready, or without it) are kept as well as the server's: as
   with ``persistent_workers``, a forked one keeps its copy-on-write view of the caller for
   those seconds too;
@@ -28,6 +30,10 @@ parked under the same key. "The same" is decided from the options, never from a 
 * the dataset's local files unchanged since the parked runner was made: path, device, inode,
   size and modification and change times, as ``stat`` gives them then and at the ``iter()``
   that would take it. A file rewritten or replaced in between, and the runner is not taken.
+  A remote dataset's reads go to the node's shard cache, whose content changes with every
+  download; there the folder must be the same one (path, device, inode), and the shards are
+  the versions its pickled index names, each checked when it entered the cache. Its workers
+  keep their open shards pinned while parked, as persistent workers do between epochs.
 
 ``FASTLOAD_PARK_S`` sets the time (seconds; ``0`` turns parking off); a process keeps at most
 :data:`MAX_PARKED` runners, the oldest closed first. A forked child never takes its parent's.
@@ -37,11 +43,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing
 import os
 import pickle
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,14 +84,16 @@ class ParkingKey:
     files: tuple[tuple[str, int, int, int, int, int], ...]
 
 
-def parking_key(options: Any) -> ParkingKey | None:
-    """The key of the runner ``options`` make (its dataset's files as they are now), or
-    ``None`` where its runner may not be parked (see the NOTE; the runner says the rest:
-    ``SlotRunner.parkable``)."""
+def parking_key(options: Any, files: Sequence[str], folders: Sequence[str] = ()) -> ParkingKey | None:
+    """The key of the runner ``options`` make, whose workers read ``files`` (local files, as
+    they are now) and the shards in ``folders`` (a remote dataset's shard cache, by identity),
+    or ``None`` where its runner may not be parked (see the NOTE; the runner says the rest:
+    ``SlotRunner.parkable``). Neither named: nothing to tell a changed dataset by, never
+    parked."""
     capabilities = options.capabilities
-    if options.num_workers < 1 or options.fast_collate is None:
+    if options.num_workers < 1 or options.fast_collate is None or not (files or folders):
         return None
-    if options.worker_init_fn is not None or options.mp_context is not None or options.auto_workers:
+    if options.worker_init_fn is not None or options.auto_workers or not _standard(options.mp_context):
         return None
     if options.pin is not None or options.resume_rng is not None or options.first_worker:
         return None
@@ -91,34 +101,46 @@ def parking_key(options: Any) -> ParkingKey | None:
         return None
     if not (capabilities.dataset.process_independent_reads and capabilities.collate.process_independent):
         return None
-    files = getattr(options.dataset, "read_files", None)
-    if not isinstance(files, list) or not files:
-        return None  # a remote dataset, or a reader that does not say its files
+    context = options.mp_context
     try:
         blob = pickle.dumps(
             (
                 type(options.dataset), options.dataset, type(options.collate_fn), options.collate_fn,
                 options.auto_collation, options.drop_last, options.num_workers, options.prefetch_factor,
                 options.in_order, options.timeout_s, options.max_shared_bytes, options.readahead,
-                options.host, os.getcwd(),
+                options.host, None if context is None else context.get_start_method(), os.getcwd(),
                 sorted((k, v) for k, v in os.environ.items() if k.startswith("FASTLOAD_") and k != ENV),
             ),
             pickle.HIGHEST_PROTOCOL,
         )  # fmt: skip
     except Exception:
         return None  # nothing to compare by
-    fingerprint = _fingerprint(files)
+    fingerprint = _fingerprint(files, folders)
     return None if fingerprint is None else ParkingKey(blob, fingerprint)
 
 
-def _fingerprint(files: list[str]) -> tuple[tuple[str, int, int, int, int, int], ...] | None:
+def _standard(context: Any) -> bool:
+    """Whether ``context`` is the default (``None``) or :mod:`multiprocessing`'s own context
+    for its start method (one the caller made is nothing to compare by)."""
+    if context is None:
+        return True
+    try:
+        return context is multiprocessing.get_context(context.get_start_method())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _fingerprint(files: Sequence[str], folders: Sequence[str]) -> tuple[tuple[str, int, int, int, int, int], ...] | None:
     out = []
-    for path in files:
+    for path, whole in [*((f, True) for f in files), *((f, False) for f in folders)]:
         try:
             info = os.stat(path)
         except OSError:
             return None
-        out.append((path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+        if whole:
+            out.append((path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+        else:  # a folder whose content changes: the same folder, not the same content
+            out.append((path, info.st_dev, info.st_ino, -1, -1, -1))
     return tuple(out)
 
 

@@ -47,6 +47,7 @@ from fastload._engine import (
     start_runner,
     take_parked,
 )
+from fastload._formats._base import ShardedDataset
 from fastload._loader._datapipes import (
     SharedSeed,
     is_datapipe,
@@ -460,7 +461,7 @@ class WorkerIterator(_BaseIterator):
         workers] in ``_engine/_parking.py``), restarted for this epoch; else a new one."""
         self._park_s = 0.0 if self._persistent or self._device is not None else park_seconds()
         if self._park_s > 0:
-            self._park_key = parking_key(self._runner_options)
+            self._park_key = parking_key(self._runner_options, *_read_where(self._runner_options.dataset))
         parked = take_parked(self._park_key) if self._park_key is not None else None
         if parked is None:
             return start_runner(self._runner_options, self._sampler_iter)
@@ -572,6 +573,16 @@ class WorkerIterator(_BaseIterator):
         if self._shards.remote:
             self._shards.feed(runner.storage, runner.busy_s)
         self._report_final(dict(self._last_fields), self._num_workers)
+
+
+def _read_where(dataset: Any) -> tuple[list[str], list[str]]:
+    """Where the workers of ``dataset`` read (NOTE [parked workers] in ``_engine/_parking.py``):
+    a fastload dataset's local files, or its shard cache's folder; for any other dataset
+    nothing (it does not say, so its runner is never parked)."""
+    if not isinstance(dataset, ShardedDataset):
+        return [], []
+    cache = dataset.shard_cache_plan()
+    return ([], [cache[0]]) if cache is not None else (dataset.read_files, [])
 
 
 def _weakly(method: Any) -> Any:
