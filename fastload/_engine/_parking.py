@@ -176,6 +176,7 @@ class _Lot:
                     self._thread = start_own_thread(self._run, "fastload-parked")
                 except RuntimeError:  # the interpreter is shutting down: no thread starts
                     return False
+                _close_at_exit()
             same = [p for p in self._parked if p.key == key]
             keep = [p for p in self._parked if p.key != key]
             keep.append(_Parked(key, runner, time.monotonic() + seconds))
@@ -242,7 +243,19 @@ def _close(runners: list[Any]) -> None:
 
 
 _lot = _Lot()
-atexit.register(_lot.close_all, at_exit=True)
+_registered = threading.Lock()  # held for good once the exit handler is registered
+
+
+def _close_at_exit() -> None:
+    """Close the parked runners at interpreter exit, first: registered at the first park, after
+    every exit handler of the engine's (the worker server's shutdown, the reaper's flush,
+    multiprocessing's joins of its children), so that it runs before them all. Registered at
+    import, it ran after multiprocessing's, which then terminated and joined the workers of a
+    runner still parked while its pool's thread closed them ("process object is closed")."""
+    if _registered.acquire(blocking=False):
+        atexit.register(_lot.close_all, at_exit=True)
+
+
 os.register_at_fork(after_in_child=_lot.forget_in_child)
 
 

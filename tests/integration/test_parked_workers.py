@@ -226,11 +226,15 @@ def test_a_forked_child_does_not_hold_its_parents_parked_workers(tmp_path: Path)
 
 _SCRIPT = textwrap.dedent(
     """
-    import sys, torch, fastload
-    from fastload._engine import _zygote
+    import atexit, sys, torch, fastload
+    from fastload._engine import _parking, _zygote
     _zygote.warm()
+    # Registered after the engine's exit handlers: runs before them, and should find nothing
+    # parked (the parked runners are closed first of all, by a handler registered at parking).
+    atexit.register(lambda: print("parked at exit:", _parking.parked(), file=sys.stderr))
     loader = fastload.DataLoader(fastload.HDF5Dataset({path!r}, fields=["tokens"]), batch_size=16,
-                                 num_workers=2, collate_fn=fastload.PadCollate(dtype=torch.int64))
+                                 num_workers=2, collate_fn=fastload.PadCollate(dtype=torch.int64),
+                                 multiprocessing_context={context!r})
     it = iter(loader)
     print(*it.worker_pids, flush=True)
     for batch in it:
@@ -239,13 +243,18 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_nothing_parked_outlives_the_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", ["served", "forked", "forkserver"])
+def test_nothing_parked_outlives_the_process(tmp_path: Path, start: str) -> None:
+    # Workers from the worker server, forked by the caller (multiprocessing's children, as a
+    # forkserver's are: its exit handler joins them), or from multiprocessing's forkserver (a
+    # remote dataset's): each process exits cleanly, its parked workers closed before anything.
     path = _file(tmp_path / "d.h5")
-    env = {**os.environ, _parking.ENV: "600"}
-    done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT.format(path=str(path))], capture_output=True, text=True, timeout=120, env=env
-    )
+    env = {**os.environ, _parking.ENV: "600", "FASTLOAD_WORKER_SERVER": "0" if start == "forked" else "1"}
+    script = _SCRIPT.format(path=str(path), context="forkserver" if start == "forkserver" else None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "parked at exit: 0" in done.stderr, done.stderr
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2
     assert wait_until(lambda: not any(alive(p) for p in pids), 30), "parked workers outlived their process"
