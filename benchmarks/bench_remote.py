@@ -21,15 +21,16 @@ longest sample with a mask, with 2 worker processes (Streaming: see below).
   epoch 1 (cold), the
   same loader and directory for epoch 2 (warm); and the same loader over the shards on local
   disk, the reference for what the cache can give at best. The first cache limit runs once
-  more with Streaming's worker count (0), beside the local loader at that count.
+  more at each of Streaming's other worker counts (0), beside the local loader at that count.
 * **torch, per sample**: torch's DataLoader over a map-style Dataset whose ``__getitem__`` opens
   the sample's shard with ``pyarrow.fs.S3FileSystem`` and reads the record batch holding it (one
   client per worker, nothing cached): a fixed number of shuffled samples, not an epoch (at the
   full size one would take half an hour).
 * **Streaming**: ``StreamingDataset(remote="s3://BUCKET/mds/", local=DIR, batch_size=,
   shuffle=True)`` with ``S3_ENDPOINT_URL`` pointing at the proxy, in torch's DataLoader with
-  ``num_workers=0`` (with 2 workers it reads shards half-written here: see
-  :data:`STREAMING_WORKERS`); fastload is compared with it at the same count. Its ``streaming.vision`` module imports torchvision,
+  0 and 2 workers (:data:`STREAMING_WORKERS`; with 2, each forked worker drops the S3 client it
+  inherited: see :func:`_own_s3_client`); fastload is compared with it at the same count. Its
+  ``streaming.vision`` module imports torchvision,
   which the text path never uses: the harness puts an empty module in its place before
   importing ``streaming`` (and says so in its output).
   Not installed (the test suite's run), its rows are skipped with the reason printed; install
@@ -82,11 +83,9 @@ pytestmark = pytest.mark.timeout(3600)
 #: brings the ones its text path imports.
 STREAMING_INSTALL = "pip install -e '.[bench-remote]' && pip install --no-deps mosaicml-streaming==0.13.0"
 LATENCY_S = 0.02
-#: Streaming's worker count, and fastload's in the rows compared with it at the same count: with
-#: torch's 2 workers Streaming 0.13.0 reads shards half-written from this S3 server
-#: (``IndexError: Relative sample index ... is not present``, or an overflow in its offsets), in
-#: one process its own threads download ahead of the reads and every sample comes right.
-STREAMING_WORKERS = 0
+#: Streaming's worker counts; fastload runs at each of them too, and "vs Streaming" compares rows
+#: of the same count.
+STREAMING_WORKERS = (0, 2)
 STEP_S = 0.010
 WORKERS = 2
 BUCKET = "bench"
@@ -420,16 +419,36 @@ def _streaming_collate(samples: list[dict[str, np.ndarray]]) -> dict[str, torch.
     return pad_collate([torch.from_numpy(np.array(s["tokens"])) for s in samples])
 
 
-def run_streaming(streaming: Any, corpus: Corpus, size: Size, server: Server, local: Path, step_s: float) -> list[Epoch]:
+def _own_s3_client(_: int) -> None:
+    """torch's ``worker_init_fn`` for Streaming: drop the S3 client the worker inherited.
+
+    ``StreamingDataset`` downloads its index in the main process, so its boto3 client holds a
+    kept-alive connection when torch forks the workers; both workers then send their GETs down
+    that one socket and each may read the other's reply. Here that wrote one shard's bytes under
+    another's name in every 2-worker epoch tried (``IndexError: Relative sample index ... is not
+    present``, ``buffer size must be a multiple of element size``). Streaming's maintainers
+    advise spawn, which its S3 client does not survive in 0.13.0 (it cannot be pickled); a
+    fresh client per forked worker is the fix the boto3 documentation gives for processes."""
+    info = torch.utils.data.get_worker_info()
+    for stream in info.dataset.streams:
+        stream._downloader.clean_up()  # the next download creates the worker's own client
+
+
+def run_streaming(
+    streaming: Any, corpus: Corpus, size: Size, server: Server, local: Path, step_s: float, workers: int
+) -> list[Epoch]:
     """Epoch 1 into an empty ``local``, epoch 2 from it (no cache limit)."""
     shutil.rmtree(local, ignore_errors=True)
     streaming.base.util.clean_stale_shared_memory()
     dataset = streaming.StreamingDataset(
         remote=corpus.mds_url, local=str(local), batch_size=size.batch_size, shuffle=True, shuffle_seed=0
     )
-    # STREAMING_WORKERS: with 2 of torch's workers it reads shards half-written here.
     loader = torch.utils.data.DataLoader(
-        dataset, batch_size=size.batch_size, num_workers=STREAMING_WORKERS, collate_fn=_streaming_collate
+        dataset,
+        batch_size=size.batch_size,
+        num_workers=workers,
+        collate_fn=_streaming_collate,
+        worker_init_fn=_own_s3_client if workers else None,
     )
     epochs: list[Epoch] = []
     for _ in range(2):
@@ -503,17 +522,17 @@ def test_remote_table(server: Server, corpus: Corpus, corpus_name: str, tmp_path
         streaming, why_not = None, "streaming imported after the corpus was written"
     token_sum, total = corpus.token_sum, size.shards * size.samples_per_shard
     # (cache limit share, shuffle_shards, workers): every limit at WORKERS, and the first at
-    # Streaming's worker count too.
+    # Streaming's worker counts too.
     configs = [(limit, shuffle, WORKERS) for limit, shuffle in size.limits]
-    configs.append((*size.limits[0], STREAMING_WORKERS))
+    configs += [(*size.limits[0], w) for w in STREAMING_WORKERS if w != WORKERS]
     label = {
         c: f"{c[0] * 100:.0f} %" + ("" if c[1] == size.limits[0][1] else f", shuffle_shards={c[1]}")
         for c in configs
     }
-    counts = (WORKERS, STREAMING_WORKERS)
+    counts = (WORKERS, *(w for w in STREAMING_WORKERS if w != WORKERS))
 
     fast: dict[tuple[float, int, int], list[list[Epoch]]] = {c: [] for c in configs}
-    ours: list[list[Epoch]] = []
+    ours: dict[int, list[list[Epoch]]] = {w: [] for w in STREAMING_WORKERS}
     near: dict[int, list[list[Epoch]]] = {w: [] for w in counts}
     for _ in range(size.rounds):  # interleaved: each round runs every configuration once
         for w in counts:
@@ -522,23 +541,25 @@ def test_remote_table(server: Server, corpus: Corpus, corpus_name: str, tmp_path
         for config in configs:
             fast[config].append(run_fastload(corpus, server, size, tmp_path / "cache", config, 0.0))
             _progress(f"fastload {label[config]}, {config[2]} workers", fast[config][-1])
-        if streaming is not None:
-            ours.append(run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", 0.0))
-            _progress("Streaming", ours[-1])
+        for w in STREAMING_WORKERS if streaming is not None else ():
+            ours[w].append(run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", 0.0, w))
+            _progress(f"Streaming, {w} workers", ours[w][-1])
     near_stepped = {w: run_local(corpus, size, STEP_S, w) for w in counts}
     fast_stepped = {c: run_fastload(corpus, server, size, tmp_path / "cache", c, STEP_S) for c in configs}
-    ours_stepped = run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", STEP_S) if streaming else None
+    ours_stepped = {
+        w: run_streaming(streaming, corpus, size, server, tmp_path / "mds-cache", STEP_S, w)
+        for w in (STREAMING_WORKERS if streaming is not None else ())
+    }
     torch_runs = [run_torch(corpus, server, size, 0.0)]
     torch_stepped = run_torch(corpus, server, size, STEP_S) if size.torch_stall else None
 
     # Every epoch timed read every sample exactly once (by count and by the sum of its tokens).
-    timed = [*(e for runs in fast.values() for e in runs), *fast_stepped.values(), *ours]
+    timed = [*(e for runs in fast.values() for e in runs), *fast_stepped.values()]
+    timed += [*(e for runs in ours.values() for e in runs), *ours_stepped.values()]
     timed += [*(e for runs in near.values() for e in runs), *near_stepped.values()]
     for epochs in timed:
         for epoch in epochs:
             assert (epoch.samples, epoch.token_sum) == (total, token_sum)
-    if ours_stepped is not None:
-        assert all((e.samples, e.token_sum) == (total, token_sum) for e in ours_stepped)
     # Epoch 2 with a full cache downloads nothing: no GET at all.
     for config in (c for c in configs if c[0] >= 1):
         for epochs in [*fast[config], fast_stepped[config]]:
@@ -552,13 +573,13 @@ def test_remote_table(server: Server, corpus: Corpus, corpus_name: str, tmp_path
     for config in configs:
         for e in range(2):
             rows.append(_row("fastload", label[config], e + 1, [r[e] for r in fast[config]], fast_stepped[config][e], config[2]))
-    if streaming is not None and ours_stepped is not None:
+    for w in ours_stepped:
         for e in range(2):
-            rows.append(_row("Streaming", "none", e + 1, [r[e] for r in ours], ours_stepped[e], STREAMING_WORKERS))
+            rows.append(_row("Streaming", "none", e + 1, [r[e] for r in ours[w]], ours_stepped[w][e], w))
     rows.append(_row("torch, per sample", "-", 1, torch_runs, torch_stepped, WORKERS))
     for row in rows:
         at = (row["epoch"], row["workers"])
-        reference = _median_of(rows, "Streaming", "none", *at)
+        reference = _median_of(rows, "Streaming", "none", *at) if row["loader"] != "torch, per sample" else None
         local = _median_of(rows, local_name, "-", *at)
         full = _median_of(rows, "fastload", label[configs[0]], *at) if row["loader"] == "fastload" else None
         row["vs_streaming"] = None if reference is None else row["samples_per_s"] / reference
