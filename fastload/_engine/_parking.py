@@ -162,6 +162,7 @@ class _Lot:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False  # at exit: nothing is parked from then on
+        self._closes_at_exit = False  # kept by a forked child: it inherits the exit handlers
 
     def park(self, key: ParkingKey, runner: Any, seconds: float) -> bool:
         """Keep ``runner`` for ``seconds``; ``False`` (the caller closes it) where it cannot be."""
@@ -176,7 +177,15 @@ class _Lot:
                     self._thread = start_own_thread(self._run, "fastload-parked")
                 except RuntimeError:  # the interpreter is shutting down: no thread starts
                     return False
-                _close_at_exit()
+                if not self._closes_at_exit:
+                    # Registered now, after every exit handler of the engine's (the worker
+                    # server's shutdown, the reaper's flush, multiprocessing's joins of its
+                    # children), it runs before them all: the workers it stops are joined by
+                    # the reaper's flush. Registered at import, it ran after that flush, and
+                    # the reaper's thread closed processes that multiprocessing's handler was
+                    # joining ("process object is closed").
+                    atexit.register(self.close_all, at_exit=True)
+                    self._closes_at_exit = True
             same = [p for p in self._parked if p.key == key]
             keep = [p for p in self._parked if p.key != key]
             keep.append(_Parked(key, runner, time.monotonic() + seconds))
@@ -243,19 +252,6 @@ def _close(runners: list[Any]) -> None:
 
 
 _lot = _Lot()
-_registered = threading.Lock()  # held for good once the exit handler is registered
-
-
-def _close_at_exit() -> None:
-    """Close the parked runners at interpreter exit, first: registered at the first park, after
-    every exit handler of the engine's (the worker server's shutdown, the reaper's flush,
-    multiprocessing's joins of its children), so that it runs before them all. Registered at
-    import, it ran after multiprocessing's, which then terminated and joined the workers of a
-    runner still parked while its pool's thread closed them ("process object is closed")."""
-    if _registered.acquire(blocking=False):
-        atexit.register(_lot.close_all, at_exit=True)
-
-
 os.register_at_fork(after_in_child=_lot.forget_in_child)
 
 
