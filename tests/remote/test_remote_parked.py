@@ -1,7 +1,7 @@
 """A remote dataset's workers are parked between iterators as a local dataset's are (NOTE [parked
 workers] in ``fastload/_engine/_parking.py``): the next epoch, or a new loader over the same
 shards and cache, takes them with the shards they hold open; a cache folder replaced in
-between, another cache or other credentials, and it does not. Against the S3 server, with the
+between, another cache folder or other storage options, and it does not. Against the S3 server, with the
 worker processes and the cache on disk, every batch checked against the same loader over the
 shards on local disk."""
 
@@ -83,26 +83,28 @@ def test_the_next_epoch_and_a_new_loader_take_a_remote_datasets_workers(
     _same(batches, expected[0])
 
 
-@pytest.mark.parametrize("change", ["the cache folder replaced", "another cache folder"])
-def test_a_remote_dataset_over_another_cache_is_not_taken(
+@pytest.mark.parametrize("change", ["the cache folder replaced", "another cache folder", "other storage options"])
+def test_a_remote_dataset_read_otherwise_is_not_taken(
     s3_server: Any, bucket: str, corpus: Path, tmp_path: Path, change: str
 ) -> None:
     url = s3_server.upload(corpus, bucket)
     cache = tmp_path / "cache"
 
-    def remote(folder: Path) -> fastload.HDF5Dataset:
-        return fastload.HDF5Dataset(url, storage_options=s3_server.options, cache_dir=folder)
+    def remote(folder: Path, **options: Any) -> fastload.HDF5Dataset:
+        return fastload.HDF5Dataset(url, storage_options={**s3_server.options, **options}, cache_dir=folder)
 
     first, expected = _epoch(_loader(remote(cache)))
     assert _parking.parked() == 1
     if change == "the cache folder replaced":
         shutil.rmtree(cache)  # the same path, another folder: its shards fetched again
         cache.mkdir()
-    else:
+    elif change == "another cache folder":
         cache = tmp_path / "other"
     s3_server.proxy.reset()
-    second, batches = _epoch(_loader(remote(cache)))
+    options = {"request_timeout": 30.0} if change == "other storage options" else {}
+    second, batches = _epoch(_loader(remote(cache, **options)))
     assert not set(second) & set(first)
     _same(batches, expected)
-    assert _gets(s3_server) >= SHARDS  # read through its own cache, fetched into it
+    if "cache" in change:
+        assert _gets(s3_server) >= SHARDS  # read through its own cache, fetched into it
     assert _parking.parked() == 2
