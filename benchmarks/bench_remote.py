@@ -427,8 +427,10 @@ def _own_s3_client(_: int) -> None:
     that one socket and each may read the other's reply. Here that wrote one shard's bytes under
     another's name in every 2-worker epoch tried (``IndexError: Relative sample index ... is not
     present``, ``buffer size must be a multiple of element size``). Streaming's maintainers
-    advise spawn, which its S3 client does not survive in 0.13.0 (it cannot be pickled); a
-    fresh client per forked worker is the fix the boto3 documentation gives for processes."""
+    advise spawn; here a spawned worker imports ``streaming`` afresh, without the harness's
+    stand-in for ``streaming.vision``, and fails on torchvision (not installable against this
+    torch build). Fork it stays, with a client of each worker's own, as boto3 asks of
+    processes, and with fork's cheaper worker start."""
     info = torch.utils.data.get_worker_info()
     for stream in info.dataset.streams:
         stream._downloader.clean_up()  # the next download creates the worker's own client
