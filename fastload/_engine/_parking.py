@@ -131,16 +131,14 @@ def _standard(context: Any) -> bool:
 
 
 def _fingerprint(files: Sequence[str], folders: Sequence[str]) -> tuple[tuple[str, int, int, int, int, int], ...] | None:
-    out = []
-    for path, whole in [*((f, True) for f in files), *((f, False) for f in folders)]:
-        try:
-            info = os.stat(path)
-        except OSError:
-            return None
-        if whole:
-            out.append((path, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
-        else:  # a folder whose content changes: the same folder, not the same content
-            out.append((path, info.st_dev, info.st_ino, -1, -1, -1))
+    """Each file as ``stat`` gives it (identity, size, times); each folder by identity only (its
+    content changes, the folder must not). ``None`` if one is gone."""
+    try:
+        stats = [(path, os.stat(path)) for path in [*files, *folders]]
+    except OSError:
+        return None
+    out = [(p, s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns) for p, s in stats[: len(files)]]
+    out += [(p, s.st_dev, s.st_ino, -1, -1, -1) for p, s in stats[len(files) :]]
     return tuple(out)
 
 
